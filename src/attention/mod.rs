@@ -1,0 +1,1 @@
+//! Pooled attention (issue 5).

@@ -1,0 +1,1 @@
+//! Multi-sequence cell cache (issue 3).

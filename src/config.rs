@@ -1,0 +1,213 @@
+//! Cache configuration: per-layer policies and the sizes every part derives from.
+
+use crate::error::{CacheError, Result};
+
+/// How a layer keeps its history.
+///
+/// Serialised discriminants (see [`LayerPolicy::code`]) are append-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerPolicy {
+    /// Keeps every position up to the cache's capacity.
+    Flat,
+    /// A sliding window: a query at position p sees keys in `[p - window + 1, p]`.
+    Ring { window: usize },
+}
+
+impl LayerPolicy {
+    /// Stable serialised discriminant: 0 = Flat, 1 = Ring. Append-only.
+    pub fn code(&self) -> u8 {
+        match self {
+            LayerPolicy::Flat => 0,
+            LayerPolicy::Ring { .. } => 1,
+        }
+    }
+
+    /// The window of a ring layer, `None` for a flat one.
+    pub fn window(&self) -> Option<usize> {
+        match self {
+            LayerPolicy::Flat => None,
+            LayerPolicy::Ring { window } => Some(*window),
+        }
+    }
+}
+
+/// One layer's policy and K/V geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LayerConfig {
+    pub policy: LayerPolicy,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl LayerConfig {
+    pub fn new(policy: LayerPolicy, n_kv_heads: usize, head_dim: usize) -> Self {
+        LayerConfig {
+            policy,
+            n_kv_heads,
+            head_dim,
+        }
+    }
+}
+
+/// Upper bounds that keep every derived size (slots × heads × dims × 4 bytes)
+/// far from overflowing a `usize`, so later arithmetic needs no checks.
+pub const MAX_CAPACITY: usize = 1 << 31;
+pub const MAX_HEADS: usize = 4096;
+pub const MAX_HEAD_DIM: usize = 65536;
+pub const MAX_LAYERS: usize = 65536;
+
+/// The whole cache's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Most positions one sequence may hold (flat layers keep them all).
+    pub capacity: usize,
+    /// Number of layers of the model.
+    pub n_layers: usize,
+    /// Length 1 (every layer alike) or `n_layers`.
+    pub layers: Vec<LayerConfig>,
+    /// Slots a pool starts with; pools double from here up to their depth.
+    pub initial_capacity: usize,
+    /// Most tokens one step may carry.
+    pub max_step: usize,
+}
+
+fn bad(field: &str, msg: String) -> Result<()> {
+    Err(CacheError::InvalidConfig(format!("{field}: {msg}")))
+}
+
+impl CacheConfig {
+    /// A config with `initial_capacity = min(capacity, 16)` and `max_step = 1`
+    /// reasonable defaults for a decode loop; set the fields for prefill.
+    pub fn new(capacity: usize, n_layers: usize, layers: Vec<LayerConfig>) -> Self {
+        CacheConfig {
+            capacity,
+            n_layers,
+            layers,
+            initial_capacity: capacity.clamp(1, 16),
+            max_step: 1,
+        }
+    }
+
+    /// Refuses every bad field with an error that names it.
+    pub fn validate(&self) -> Result<()> {
+        if self.capacity == 0 || self.capacity > MAX_CAPACITY {
+            return bad(
+                "capacity",
+                format!("must be in 1..={MAX_CAPACITY}, got {}", self.capacity),
+            );
+        }
+        if self.n_layers == 0 || self.n_layers > MAX_LAYERS {
+            return bad(
+                "n_layers",
+                format!("must be in 1..={MAX_LAYERS}, got {}", self.n_layers),
+            );
+        }
+        if self.layers.len() != 1 && self.layers.len() != self.n_layers {
+            return bad(
+                "layers",
+                format!(
+                    "must have length 1 or n_layers ({}), got {}",
+                    self.n_layers,
+                    self.layers.len()
+                ),
+            );
+        }
+        if self.max_step == 0 || self.max_step > self.capacity {
+            return bad(
+                "max_step",
+                format!(
+                    "must be in 1..=capacity ({}), got {}",
+                    self.capacity, self.max_step
+                ),
+            );
+        }
+        if self.initial_capacity == 0 || self.initial_capacity > self.capacity {
+            return bad(
+                "initial_capacity",
+                format!(
+                    "must be in 1..=capacity ({}), got {}",
+                    self.capacity, self.initial_capacity
+                ),
+            );
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.n_kv_heads == 0 || l.n_kv_heads > MAX_HEADS {
+                return bad(
+                    &format!("layers[{i}].n_kv_heads"),
+                    format!("must be in 1..={MAX_HEADS}, got {}", l.n_kv_heads),
+                );
+            }
+            if l.head_dim == 0 || l.head_dim > MAX_HEAD_DIM {
+                return bad(
+                    &format!("layers[{i}].head_dim"),
+                    format!("must be in 1..={MAX_HEAD_DIM}, got {}", l.head_dim),
+                );
+            }
+            if let LayerPolicy::Ring { window } = l.policy {
+                if window == 0 || window > self.capacity {
+                    return bad(
+                        &format!("layers[{i}].policy.window"),
+                        format!(
+                            "must be in 1..=capacity ({}), got {window}",
+                            self.capacity
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The config of layer `layer` (broadcast when `layers` has length 1).
+    pub fn layer(&self, layer: usize) -> Result<&LayerConfig> {
+        if layer >= self.n_layers {
+            return Err(CacheError::InvalidArgument(format!(
+                "layer {layer} out of range: the cache has {} layers",
+                self.n_layers
+            )));
+        }
+        let idx = if self.layers.len() == 1 { 0 } else { layer };
+        self.layers.get(idx).ok_or_else(|| {
+            CacheError::InvalidConfig(format!(
+                "layers: no entry for layer {layer} (length {})",
+                self.layers.len()
+            ))
+        })
+    }
+
+    /// Slots a layer of this policy ever needs: flat keeps `capacity`;
+    /// a ring keeps `window + max_step - 1` (capped at `capacity`), which lets a
+    /// multi-token step keep every key its earliest query needs.
+    pub fn depth(&self, policy: LayerPolicy) -> usize {
+        match policy {
+            LayerPolicy::Flat => self.capacity,
+            LayerPolicy::Ring { window } => window
+                .saturating_add(self.max_step)
+                .saturating_sub(1)
+                .min(self.capacity),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok_cfg() -> CacheConfig {
+        CacheConfig::new(64, 2, vec![LayerConfig::new(LayerPolicy::Flat, 2, 8)])
+    }
+
+    #[test]
+    fn valid_config_passes() {
+        assert_eq!(ok_cfg().validate(), Ok(()));
+    }
+
+    #[test]
+    fn ring_depth_is_window_plus_max_step_minus_one() {
+        let mut c = ok_cfg();
+        c.max_step = 4;
+        assert_eq!(c.depth(LayerPolicy::Ring { window: 8 }), 11);
+        assert_eq!(c.depth(LayerPolicy::Ring { window: 64 }), 64);
+        assert_eq!(c.depth(LayerPolicy::Flat), 64);
+    }
+}

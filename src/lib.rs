@@ -1,0 +1,25 @@
+//! offgraph-kv: an off-graph KV cache for LLM inference.
+//!
+//! Layers, each a module, arrows pointing down only:
+//! attention → byte layer (`kv`) → neutral layer (`config`, `sequence`, `cell`, `registry`).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+pub mod attention;
+pub mod cell;
+pub mod config;
+pub mod error;
+pub mod registry;
+pub mod runs;
+pub mod sequence;
+pub mod spec;
+
+pub use config::{CacheConfig, LayerConfig, LayerPolicy};
+pub use error::{CacheError, Result};
+pub use runs::{MaskKind, Run, Runs};
+pub use sequence::{SeqStepPlan, SequenceCache};
+pub use spec::{AttendSpec, KeyLayout};

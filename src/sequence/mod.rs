@@ -1,0 +1,225 @@
+//! `SequenceCache`: one sequence, one controller for every layer.
+//!
+//! One logical length for the whole model; each layer's slot layout comes from
+//! its policy. Layers that share a policy share a plan (policies are
+//! deduplicated at construction).
+//!
+//! Single-threaded per sequence: the cache takes `&mut self` for every verb that
+//! changes it; share it across threads behind a lock.
+
+mod plan;
+
+pub use plan::SeqStepPlan;
+
+use crate::config::{CacheConfig, LayerPolicy};
+use crate::error::{CacheError, Result};
+
+/// The step opened by the last successful `begin_step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Step {
+    position: usize,
+    n_tokens: usize,
+}
+
+/// Bookkeeping for one sequence: lengths, admission, and per-layer plans.
+#[derive(Debug, Clone)]
+pub struct SequenceCache {
+    cfg: CacheConfig,
+    /// Distinct policies, in first-seen layer order.
+    policies: Vec<LayerPolicy>,
+    /// Layer -> index into `policies`.
+    layer_policy: Vec<usize>,
+    length: usize,
+    /// Highest length reached since the last clear: what bounds a ring rewind.
+    high_water: usize,
+    step: Option<Step>,
+    /// Counts opened and closed steps, so a consumer can tell a stale plan.
+    generation: u64,
+}
+
+impl SequenceCache {
+    /// Validates `cfg` and builds an empty cache.
+    pub fn new(cfg: CacheConfig) -> Result<Self> {
+        cfg.validate()?;
+        let mut policies: Vec<LayerPolicy> = Vec::new();
+        let mut layer_policy = Vec::with_capacity(cfg.n_layers);
+        for layer in 0..cfg.n_layers {
+            let p = cfg.layer(layer)?.policy;
+            let idx = match policies.iter().position(|q| *q == p) {
+                Some(i) => i,
+                None => {
+                    policies.push(p);
+                    policies.len() - 1
+                }
+            };
+            layer_policy.push(idx);
+        }
+        Ok(SequenceCache {
+            cfg,
+            policies,
+            layer_policy,
+            length: 0,
+            high_water: 0,
+            step: None,
+            generation: 0,
+        })
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.cfg
+    }
+
+    /// Tokens committed so far.
+    pub fn length(&self) -> usize {
+        self.length
+    }
+
+    /// Most tokens the sequence may hold.
+    pub fn capacity(&self) -> usize {
+        self.cfg.capacity
+    }
+
+    /// Whether `n` more tokens fit (in any number of steps).
+    pub fn can_extend(&self, n: usize) -> bool {
+        self.length
+            .checked_add(n)
+            .is_some_and(|end| end <= self.cfg.capacity)
+    }
+
+    /// Highest length reached since the last clear.
+    pub fn high_water(&self) -> usize {
+        self.high_water
+    }
+
+    /// The distinct policies, and which one each layer uses.
+    pub fn policies(&self) -> &[LayerPolicy] {
+        &self.policies
+    }
+
+    /// Index into [`Self::policies`] of a layer's policy.
+    pub fn policy_index(&self, layer: usize) -> Result<usize> {
+        self.layer_policy
+            .get(layer)
+            .copied()
+            .ok_or_else(|| self.layer_error(layer))
+    }
+
+    /// A counter that changes whenever a step opens or closes.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether a step is open (`plan` serves it).
+    pub fn step_open(&self) -> bool {
+        self.step.is_some()
+    }
+
+    fn layer_error(&self, layer: usize) -> CacheError {
+        CacheError::InvalidArgument(format!(
+            "layer {layer} out of range: the cache has {} layers",
+            self.cfg.n_layers
+        ))
+    }
+
+    /// The admission gate: checks `1 <= n <= max_step` and room for `n` more
+    /// tokens, then commits the step (length grows by `n`) and returns its first
+    /// position. A refused call changes nothing and leaves the previous step open.
+    pub fn begin_step(&mut self, n_tokens: usize) -> Result<usize> {
+        if n_tokens == 0 || n_tokens > self.cfg.max_step {
+            return Err(CacheError::InvalidArgument(format!(
+                "begin_step: n_tokens must be in 1..=max_step ({}), got {n_tokens}",
+                self.cfg.max_step
+            )));
+        }
+        if !self.can_extend(n_tokens) {
+            return Err(CacheError::OutOfCapacity(format!(
+                "begin_step: {n_tokens} tokens do not fit: length {} + {n_tokens} > capacity {}",
+                self.length, self.cfg.capacity
+            )));
+        }
+        let position = self.length;
+        self.length += n_tokens;
+        self.high_water = self.high_water.max(self.length);
+        self.step = Some(Step {
+            position,
+            n_tokens,
+        });
+        self.generation = self.generation.wrapping_add(1);
+        Ok(position)
+    }
+
+    /// The lowest length a rewind may reach: the next step's queries must find
+    /// every key their window needs, so each ring layer bounds it below by
+    /// `high_water - max_step` (the ring holds `window + max_step - 1` slots).
+    pub fn min_rewind(&self) -> usize {
+        let mut lo = 0;
+        for p in &self.policies {
+            if let LayerPolicy::Ring { window } = *p {
+                let depth = self.cfg.depth(*p);
+                // Positions below high_water - depth were overwritten; the next
+                // query at new_len needs new_len - window + 1 onwards.
+                let oldest_intact = self.high_water.saturating_sub(depth);
+                let need = oldest_intact.saturating_add(window).saturating_sub(1);
+                if oldest_intact > 0 {
+                    lo = lo.max(need);
+                }
+            }
+        }
+        lo.min(self.length)
+    }
+
+    /// Drops the tokens from `new_len` on and closes the step. Refused (nothing
+    /// changes) above the length or below [`Self::min_rewind`].
+    pub fn rewind(&mut self, new_len: usize) -> Result<()> {
+        if new_len > self.length {
+            return Err(CacheError::InvalidArgument(format!(
+                "rewind: new_len {new_len} is above the length {}",
+                self.length
+            )));
+        }
+        let lo = self.min_rewind();
+        if new_len < lo {
+            return Err(CacheError::InvalidArgument(format!(
+                "rewind: new_len {new_len} is below {lo}, the oldest length whose window keys a ring layer still holds"
+            )));
+        }
+        self.length = new_len;
+        self.close_step();
+        Ok(())
+    }
+
+    /// Forgets everything and closes the step.
+    pub fn clear(&mut self) {
+        self.length = 0;
+        self.high_water = 0;
+        self.close_step();
+    }
+
+    fn close_step(&mut self) {
+        if self.step.take().is_some() {
+            self.generation = self.generation.wrapping_add(1);
+        }
+    }
+
+    /// The plan of the open step for `layer`: pure, the same on every call.
+    pub fn plan(&self, layer: usize) -> Result<SeqStepPlan> {
+        let idx = self.policy_index(layer)?;
+        let step = self.step.ok_or_else(|| {
+            CacheError::StepProtocol(
+                "plan: no open step (call begin_step first; rewind and clear close the step)"
+                    .to_string(),
+            )
+        })?;
+        let policy = self
+            .policies
+            .get(idx)
+            .copied()
+            .ok_or_else(|| self.layer_error(layer))?;
+        Ok(SeqStepPlan::build(
+            policy,
+            self.cfg.depth(policy),
+            step.position,
+            step.n_tokens,
+        ))
+    }
+}

@@ -1,0 +1,1 @@
+//! FFI declarations for XNNPACK (placeholder, filled by the attention work).
