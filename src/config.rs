@@ -147,10 +147,7 @@ impl CacheConfig {
                 if window == 0 || window > self.capacity {
                     return bad(
                         &format!("layers[{i}].policy.window"),
-                        format!(
-                            "must be in 1..=capacity ({}), got {window}",
-                            self.capacity
-                        ),
+                        format!("must be in 1..=capacity ({}), got {window}", self.capacity),
                     );
                 }
             }

@@ -140,10 +140,7 @@ impl SequenceCache {
         let position = self.length;
         self.length += n_tokens;
         self.high_water = self.high_water.max(self.length);
-        self.step = Some(Step {
-            position,
-            n_tokens,
-        });
+        self.step = Some(Step { position, n_tokens });
         self.generation = self.generation.wrapping_add(1);
         Ok(position)
     }
