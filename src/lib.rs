@@ -13,6 +13,7 @@ pub mod attention;
 pub mod cell;
 pub mod config;
 pub mod error;
+pub mod kv;
 pub mod registry;
 pub mod runs;
 pub mod sequence;
@@ -20,6 +21,7 @@ pub mod spec;
 
 pub use config::{CacheConfig, LayerConfig, LayerPolicy};
 pub use error::{CacheError, Result};
+pub use kv::KvSequenceCache;
 pub use runs::{MaskKind, Run, Runs};
 pub use sequence::{SeqStepPlan, SequenceCache};
 pub use spec::{AttendSpec, KeyLayout};

@@ -1,0 +1,33 @@
+//! The byte layer: per-layer K/V pools behind the neutral caches.
+//!
+//! It knows bytes, never policy: where rows go comes from the neutral layer's
+//! plans. Allocation happens only when a pool grows, never per step.
+
+mod buffer;
+mod pool;
+mod seq;
+
+pub use buffer::Buffer;
+pub use pool::Pool;
+pub use seq::KvSequenceCache;
+
+use crate::error::{CacheError, Result};
+
+/// Checks that `k_new`/`v_new` hold `[n_heads, n_tokens, head_dim]` f32 values.
+pub(crate) fn check_rows(
+    k_new: &[f32],
+    v_new: &[f32],
+    n_heads: usize,
+    n_tokens: usize,
+    head_dim: usize,
+) -> Result<()> {
+    let want = n_heads * n_tokens * head_dim;
+    for (name, got) in [("k_new", k_new.len()), ("v_new", v_new.len())] {
+        if got != want {
+            return Err(CacheError::Shape(format!(
+                "{name}: expected {want} values ([{n_heads}, {n_tokens}, {head_dim}]), got {got}"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! `KvSequenceCache`: a `SequenceCache` plus one K/V pool per layer.
+
+use super::{check_rows, Pool};
+use crate::config::CacheConfig;
+use crate::error::{CacheError, Result};
+use crate::sequence::{SeqStepPlan, SequenceCache};
+use crate::spec::{AttendSpec, KeyLayout};
+
+/// One sequence's bookkeeping and bytes.
+///
+/// The step protocol is the neutral cache's: `begin_step(n)`, then per layer
+/// `update(layer, k, v)`, which writes the step's rows where the plan says
+/// (a ring wrap is two runs) and returns the layer's [`AttendSpec`]. The spec
+/// borrows the cache, so no other step can start while it is alive.
+#[derive(Debug)]
+pub struct KvSequenceCache {
+    seq: SequenceCache,
+    pools: Vec<Pool>,
+    /// Query positions of the open step (reused; grows at most to max_step).
+    positions: Vec<usize>,
+}
+
+impl KvSequenceCache {
+    pub fn new(cfg: CacheConfig) -> Result<Self> {
+        let seq = SequenceCache::new(cfg)?;
+        let cfg = seq.config();
+        let mut pools = Vec::with_capacity(cfg.n_layers);
+        for layer in 0..cfg.n_layers {
+            let l = cfg.layer(layer)?;
+            let depth = cfg.depth(l.policy);
+            pools.push(Pool::new(
+                l.n_kv_heads,
+                l.head_dim,
+                cfg.initial_capacity,
+                depth,
+            ));
+        }
+        let positions = Vec::with_capacity(cfg.max_step);
+        Ok(KvSequenceCache {
+            seq,
+            pools,
+            positions,
+        })
+    }
+
+    /// The bookkeeping (read-only; mutate through this type so pools follow).
+    pub fn sequence(&self) -> &SequenceCache {
+        &self.seq
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        self.seq.config()
+    }
+
+    pub fn length(&self) -> usize {
+        self.seq.length()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.seq.capacity()
+    }
+
+    pub fn can_extend(&self, n: usize) -> bool {
+        self.seq.can_extend(n)
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.seq.generation()
+    }
+
+    pub fn begin_step(&mut self, n_tokens: usize) -> Result<usize> {
+        let pos = self.seq.begin_step(n_tokens)?;
+        self.positions.clear();
+        self.positions.extend(pos..pos + n_tokens);
+        Ok(pos)
+    }
+
+    pub fn rewind(&mut self, new_len: usize) -> Result<()> {
+        self.seq.rewind(new_len)
+    }
+
+    /// Forgets every token. Pool memory is kept (and not zeroed): the next
+    /// steps overwrite what they read.
+    pub fn clear(&mut self) {
+        self.seq.clear();
+    }
+
+    pub fn plan(&self, layer: usize) -> Result<SeqStepPlan> {
+        self.seq.plan(layer)
+    }
+
+    pub fn pool(&self, layer: usize) -> Result<&Pool> {
+        self.pools.get(layer).ok_or_else(|| self.layer_error(layer))
+    }
+
+    /// Bytes the pools of `layer` hold.
+    pub fn nbytes(&self, layer: usize) -> Result<usize> {
+        Ok(self.pool(layer)?.nbytes())
+    }
+
+    /// Bytes all pools hold.
+    pub fn nbytes_total(&self) -> usize {
+        self.pools.iter().map(Pool::nbytes).sum()
+    }
+
+    fn layer_error(&self, layer: usize) -> CacheError {
+        CacheError::InvalidArgument(format!(
+            "layer {layer} out of range: the cache has {} layers",
+            self.pools.len()
+        ))
+    }
+
+    /// Writes the open step's rows of `layer` (`k_new`, `v_new`:
+    /// `[n_kv_heads, n_tokens, head_dim]`, row-major) and returns its spec.
+    /// Refused calls write nothing.
+    pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
+        let plan = self.seq.plan(layer)?;
+        let pool = self
+            .pools
+            .get_mut(layer)
+            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} out of range")))?;
+        check_rows(k_new, v_new, pool.n_heads(), plan.n_tokens, pool.head_dim())?;
+        let needed = plan
+            .write
+            .as_slice()
+            .iter()
+            .map(|r| r.end())
+            .max()
+            .unwrap_or(0);
+        pool.ensure(needed)?;
+        let mut t0 = 0;
+        for run in plan.write.as_slice() {
+            pool.write_rows(k_new, v_new, plan.n_tokens, t0, run.start, run.len)?;
+            t0 += run.len;
+        }
+        self.spec_for(layer, &plan)
+    }
+
+    /// The spec of the open step for `layer`, without writing.
+    pub fn spec(&self, layer: usize) -> Result<AttendSpec<'_>> {
+        let plan = self.seq.plan(layer)?;
+        self.spec_for(layer, &plan)
+    }
+
+    fn spec_for(&self, layer: usize, plan: &SeqStepPlan) -> Result<AttendSpec<'_>> {
+        let pool = self.pool(layer)?;
+        Ok(AttendSpec {
+            k: pool.k(),
+            v: pool.v(),
+            n_kv_heads: pool.n_heads(),
+            head_dim: pool.head_dim(),
+            slots: pool.slots(),
+            positions: &self.positions,
+            keys: KeyLayout::Runs {
+                read: plan.read,
+                read_base_pos: plan.read_base_pos,
+                mask: plan.mask,
+            },
+        })
+    }
+}
