@@ -5,7 +5,7 @@
 //! Only the operator API (not the subgraph API) is declared: initialisation,
 //! fully-connected and softmax in f32, run and delete. `pthreadpool_t` is kept
 //! opaque; pass a null pointer to run an operator on the calling thread.
-#![allow(non_camel_case_types)]
+#![allow(non_camel_case_types, non_upper_case_globals)]
 
 use std::os::raw::{c_int, c_void};
 
