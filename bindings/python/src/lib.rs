@@ -1,1 +1,37 @@
-//! Python bindings (filled in).
+//! Python bindings of offgraph-kv: the native module `offgraph_kv._native`.
+//!
+//! Every core error maps onto the exception tree in `offgraph_kv._errors`.
+
+mod args;
+mod config;
+mod errors;
+mod registry;
+mod sequence;
+mod spec;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<config::Flat>()?;
+    m.add_class::<config::Ring>()?;
+    m.add_class::<config::PyLayerConfig>()?;
+    m.add_class::<config::PyCacheConfig>()?;
+    m.add_class::<sequence::PySequenceCache>()?;
+    m.add_class::<sequence::PyKvSequenceCache>()?;
+    m.add_class::<sequence::SequenceControl>()?;
+    m.add_class::<sequence::SequencePlanner>()?;
+    m.add_class::<sequence::PySeqStepPlan>()?;
+    m.add_class::<spec::PyAttendSpec>()?;
+    m.add_class::<spec::PoolBuffer>()?;
+    m.add_function(wrap_pyfunction!(registry::install, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::get, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::erase, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::contains, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::keys, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::unique_key, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::register_builder, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::build, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

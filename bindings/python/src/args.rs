@@ -1,0 +1,124 @@
+//! Argument conversion with typed errors: ints that may be negative or huge,
+//! and float32 arrays of a given shape.
+
+use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyInt;
+
+use crate::errors::{dtype_err, invalid_arg, shape_err};
+
+/// A non-negative index named `what`; negatives and values past `usize`
+/// become `InvalidArgumentError` naming the value; non-ints `DTypeError`.
+pub fn index(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    index_with(obj, what, invalid_arg)
+}
+
+/// Like [`index`] but raising with `err` (e.g. `ConfigError` for config fields).
+pub fn index_with(obj: &Bound<'_, PyAny>, what: &str, err: fn(String) -> PyErr) -> PyResult<usize> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() || !obj.is_instance_of::<PyInt>() {
+        // numpy integers are accepted through __index__.
+        if let Ok(i) = obj.call_method0("__index__") {
+            if i.is_instance_of::<PyInt>() && !obj.is_instance_of::<pyo3::types::PyBool>() {
+                return index_with(&i, what, err);
+            }
+        }
+        let tname = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        return Err(dtype_err(format!("{what}: expected an int, got {tname}")));
+    }
+    match obj.extract::<i64>() {
+        Ok(v) if v >= 0 => usize::try_from(v)
+            .map_err(|_| err(format!("{what}: {v} does not fit this platform's usize"))),
+        Ok(v) => Err(err(format!("{what} must be >= 0, got {v}"))),
+        Err(_) => Err(err(format!("{what} is out of range, got {}", obj.repr()?))),
+    }
+}
+
+/// An optional index (`None` stays `None`).
+pub fn opt_index(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<usize>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => index(o, what).map(Some),
+    }
+}
+
+/// A list of indices (any iterable of ints, or an int ndarray).
+pub fn index_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<usize>> {
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return Err(dtype_err(format!(
+            "{what}: expected a sequence of ints, got str"
+        )));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        let tname = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        dtype_err(format!("{what}: expected a sequence of ints, got {tname}"))
+    })?;
+    let mut out = Vec::new();
+    for (i, item) in iter.enumerate() {
+        out.push(index(&item?, &format!("{what}[{i}]"))?);
+    }
+    Ok(out)
+}
+
+/// A float32 array of shape `[heads, T, dim]` (or `[1, heads, T, dim]`),
+/// copied into `out` in C order (contiguous input is one memcpy).
+/// Returns T. `what` names the argument in errors.
+pub fn f32_rows(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    heads: usize,
+    dim: usize,
+    tokens: Option<usize>,
+    out: &mut Vec<f32>,
+) -> PyResult<usize> {
+    let arr = obj.cast::<PyUntypedArray>().map_err(|_| {
+        let tname = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        dtype_err(format!(
+            "{what}: expected a float32 numpy array, got {tname}"
+        ))
+    })?;
+    let dtype = arr.dtype();
+    let arr = arr
+        .cast::<PyArrayDyn<f32>>()
+        .map_err(|_| dtype_err(format!("{what}: expected dtype float32, got {dtype}")))?;
+    let shape = arr.shape().to_vec();
+    let core: &[usize] = match shape.as_slice() {
+        [1, rest @ ..] if rest.len() == 3 => rest,
+        s if s.len() == 3 => s,
+        s => {
+            return Err(shape_err(format!(
+                "{what}: expected shape [n_kv_heads, T, head_dim] (or with a leading batch of 1), got {s:?}"
+            )))
+        }
+    };
+    let (h, t, d) = match core {
+        [h, t, d] => (*h, *t, *d),
+        _ => return Err(shape_err(format!("{what}: bad shape {shape:?}"))),
+    };
+    if h != heads || d != dim || tokens.is_some_and(|n| n != t) {
+        let want_t = tokens.map_or("T".to_string(), |n| n.to_string());
+        return Err(shape_err(format!(
+            "{what}: expected shape [{heads}, {want_t}, {dim}], got {shape:?}"
+        )));
+    }
+    let ro = arr.readonly();
+    out.clear();
+    match ro.as_slice() {
+        Ok(s) => out.extend_from_slice(s),
+        // Non-contiguous or negative strides: copy in logical order.
+        Err(_) => out.extend(ro.as_array().iter().copied()),
+    }
+    Ok(t)
+}

@@ -1,0 +1,243 @@
+//! `Flat`, `Ring`, `LayerConfig`, `CacheConfig`.
+
+use offgraph_kv::{CacheConfig, LayerConfig, LayerPolicy};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::args::index_with;
+use crate::errors::{config_err, dtype_err, IntoPy};
+
+fn cfg_index(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    index_with(obj, what, config_err)
+}
+
+/// Keeps every position up to the cache's capacity.
+#[pyclass(module = "offgraph_kv", frozen, eq, hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Flat;
+
+#[pymethods]
+impl Flat {
+    #[new]
+    fn new() -> Self {
+        Flat
+    }
+    fn __repr__(&self) -> String {
+        "Flat()".to_string()
+    }
+    #[getter]
+    fn window(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// A sliding window: a query at position p sees keys in [p - window + 1, p].
+#[pyclass(module = "offgraph_kv", frozen, eq, hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Ring {
+    #[pyo3(get)]
+    window: usize,
+}
+
+#[pymethods]
+impl Ring {
+    #[new]
+    #[pyo3(signature = (window))]
+    fn new(window: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let window = cfg_index(window, "Ring.window")?;
+        if window == 0 {
+            return Err(config_err("Ring.window must be >= 1, got 0"));
+        }
+        Ok(Ring { window })
+    }
+    fn __repr__(&self) -> String {
+        format!("Ring(window={})", self.window)
+    }
+}
+
+pub fn policy_from_py(obj: &Bound<'_, PyAny>) -> PyResult<LayerPolicy> {
+    if obj.cast::<Flat>().is_ok() {
+        Ok(LayerPolicy::Flat)
+    } else if let Ok(r) = obj.cast::<Ring>() {
+        Ok(LayerPolicy::Ring {
+            window: r.get().window,
+        })
+    } else {
+        let tname = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        Err(dtype_err(format!(
+            "policy: expected offgraph_kv.Flat() or offgraph_kv.Ring(window), got {tname}"
+        )))
+    }
+}
+
+pub fn policy_to_py(py: Python<'_>, p: LayerPolicy) -> PyResult<Py<PyAny>> {
+    Ok(match p {
+        LayerPolicy::Flat => Py::new(py, Flat)?.into_any(),
+        LayerPolicy::Ring { window } => Py::new(py, Ring { window })?.into_any(),
+    })
+}
+
+fn policy_repr(p: LayerPolicy) -> String {
+    match p {
+        LayerPolicy::Flat => "Flat()".to_string(),
+        LayerPolicy::Ring { window } => format!("Ring(window={window})"),
+    }
+}
+
+/// One layer's policy and K/V geometry.
+#[pyclass(module = "offgraph_kv", name = "LayerConfig", frozen, eq)]
+#[derive(Clone, PartialEq)]
+pub struct PyLayerConfig {
+    pub inner: LayerConfig,
+}
+
+#[pymethods]
+impl PyLayerConfig {
+    #[new]
+    #[pyo3(signature = (policy, n_kv_heads, head_dim))]
+    fn new(
+        policy: &Bound<'_, PyAny>,
+        n_kv_heads: &Bound<'_, PyAny>,
+        head_dim: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        Ok(PyLayerConfig {
+            inner: LayerConfig::new(
+                policy_from_py(policy)?,
+                cfg_index(n_kv_heads, "LayerConfig.n_kv_heads")?,
+                cfg_index(head_dim, "LayerConfig.head_dim")?,
+            ),
+        })
+    }
+    #[getter]
+    fn policy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        policy_to_py(py, self.inner.policy)
+    }
+    #[getter]
+    fn n_kv_heads(&self) -> usize {
+        self.inner.n_kv_heads
+    }
+    #[getter]
+    fn head_dim(&self) -> usize {
+        self.inner.head_dim
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "LayerConfig({}, n_kv_heads={}, head_dim={})",
+            policy_repr(self.inner.policy),
+            self.inner.n_kv_heads,
+            self.inner.head_dim
+        )
+    }
+}
+
+/// The whole cache's configuration. Construction checks types; `validate()`
+/// checks ranges and raises `ConfigError` naming the bad field.
+#[pyclass(module = "offgraph_kv", name = "CacheConfig", frozen, eq)]
+#[derive(Clone, PartialEq)]
+pub struct PyCacheConfig {
+    pub inner: CacheConfig,
+}
+
+#[pymethods]
+impl PyCacheConfig {
+    #[new]
+    #[pyo3(signature = (capacity, n_layers, layers, initial_capacity=None, max_step=None))]
+    fn new(
+        capacity: &Bound<'_, PyAny>,
+        n_layers: &Bound<'_, PyAny>,
+        layers: &Bound<'_, PyAny>,
+        initial_capacity: Option<&Bound<'_, PyAny>>,
+        max_step: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let capacity = cfg_index(capacity, "capacity")?;
+        let n_layers = cfg_index(n_layers, "n_layers")?;
+        let mut list = Vec::new();
+        if let Ok(one) = layers.cast::<PyLayerConfig>() {
+            list.push(one.get().inner);
+        } else {
+            let iter = layers
+                .try_iter()
+                .map_err(|_| dtype_err("layers: expected a LayerConfig or a list of them"))?;
+            for (i, item) in iter.enumerate() {
+                let item = item?;
+                let lc = item
+                    .cast::<PyLayerConfig>()
+                    .map_err(|_| dtype_err(format!("layers[{i}]: expected a LayerConfig")))?;
+                list.push(lc.get().inner);
+            }
+        }
+        let mut cfg = CacheConfig::new(capacity, n_layers, list);
+        if let Some(ic) = initial_capacity.filter(|o| !o.is_none()) {
+            cfg.initial_capacity = cfg_index(ic, "initial_capacity")?;
+        }
+        if let Some(ms) = max_step.filter(|o| !o.is_none()) {
+            cfg.max_step = cfg_index(ms, "max_step")?;
+        }
+        Ok(PyCacheConfig { inner: cfg })
+    }
+
+    /// Raises `ConfigError` naming the first bad field.
+    fn validate(&self) -> PyResult<()> {
+        self.inner.validate().py_err()
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+    #[getter]
+    fn n_layers(&self) -> usize {
+        self.inner.n_layers
+    }
+    #[getter]
+    fn layers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items: Vec<PyLayerConfig> = self
+            .inner
+            .layers
+            .iter()
+            .map(|l| PyLayerConfig { inner: *l })
+            .collect();
+        PyList::new(py, items)
+    }
+    #[getter]
+    fn initial_capacity(&self) -> usize {
+        self.inner.initial_capacity
+    }
+    #[getter]
+    fn max_step(&self) -> usize {
+        self.inner.max_step
+    }
+    /// Pool depth in slots of a layer (flat: capacity; ring: window + max_step - 1).
+    fn depth(&self, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let layer = crate::args::index(layer, "layer")?;
+        let l = self.inner.layer(layer).py_err()?;
+        Ok(self.inner.depth(l.policy))
+    }
+    fn __repr__(&self) -> String {
+        let layers: Vec<String> = self
+            .inner
+            .layers
+            .iter()
+            .map(|l| {
+                format!(
+                    "LayerConfig({}, n_kv_heads={}, head_dim={})",
+                    policy_repr(l.policy),
+                    l.n_kv_heads,
+                    l.head_dim
+                )
+            })
+            .collect();
+        format!(
+            "CacheConfig(capacity={}, n_layers={}, layers=[{}], initial_capacity={}, max_step={})",
+            self.inner.capacity,
+            self.inner.n_layers,
+            layers.join(", "),
+            self.inner.initial_capacity,
+            self.inner.max_step
+        )
+    }
+}

@@ -1,0 +1,348 @@
+//! `SequenceCache` (bookkeeping) and `KvSequenceCache` (plus pools), their
+//! control and planner faces, and `SeqStepPlan`.
+
+use offgraph_kv::{KvSequenceCache, Runs, SeqStepPlan, SequenceCache};
+use pyo3::prelude::*;
+
+use crate::args::index;
+use crate::config::PyCacheConfig;
+use crate::errors::IntoPy;
+use crate::spec::PyAttendSpec;
+
+/// The state behind a Python sequence cache: bookkeeping only, or with pools.
+pub enum SeqInner {
+    Plain(SequenceCache),
+    Kv(KvSequenceCache),
+}
+
+impl SeqInner {
+    pub fn seq(&self) -> &SequenceCache {
+        match self {
+            SeqInner::Plain(c) => c,
+            SeqInner::Kv(c) => c.sequence(),
+        }
+    }
+    fn begin_step(&mut self, n: usize) -> offgraph_kv::Result<usize> {
+        match self {
+            SeqInner::Plain(c) => c.begin_step(n),
+            SeqInner::Kv(c) => c.begin_step(n),
+        }
+    }
+    fn rewind(&mut self, n: usize) -> offgraph_kv::Result<()> {
+        match self {
+            SeqInner::Plain(c) => c.rewind(n),
+            SeqInner::Kv(c) => c.rewind(n),
+        }
+    }
+    fn clear(&mut self) {
+        match self {
+            SeqInner::Plain(c) => c.clear(),
+            SeqInner::Kv(c) => c.clear(),
+        }
+    }
+}
+
+fn runs_list(r: &Runs) -> Vec<(usize, usize)> {
+    r.as_slice().iter().map(|r| (r.start, r.len)).collect()
+}
+
+/// One sequence's bookkeeping: one logical length, per-layer plans.
+///
+/// Not shared between threads: a second thread using the cache while a call
+/// runs gets a `RuntimeError` ("already borrowed"), never a torn state.
+#[pyclass(module = "offgraph_kv", name = "SequenceCache", subclass)]
+pub struct PySequenceCache {
+    pub inner: SeqInner,
+}
+
+#[pymethods]
+impl PySequenceCache {
+    #[new]
+    fn new(cfg: PyRef<'_, PyCacheConfig>) -> PyResult<Self> {
+        Ok(PySequenceCache {
+            inner: SeqInner::Plain(SequenceCache::new(cfg.inner.clone()).py_err()?),
+        })
+    }
+
+    /// The runner's face: length, capacity, can_extend, begin_step, rewind, clear.
+    fn control(slf: Bound<'_, Self>) -> SequenceControl {
+        SequenceControl {
+            cache: slf.unbind(),
+        }
+    }
+
+    /// The backend's face: plan(layer).
+    fn planner(slf: Bound<'_, Self>) -> SequencePlanner {
+        SequencePlanner {
+            cache: slf.unbind(),
+        }
+    }
+
+    #[getter]
+    fn config(&self) -> PyCacheConfig {
+        PyCacheConfig {
+            inner: self.inner.seq().config().clone(),
+        }
+    }
+    #[getter]
+    fn length(&self) -> usize {
+        self.inner.seq().length()
+    }
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.seq().capacity()
+    }
+    /// Highest length reached since the last clear.
+    #[getter]
+    fn high_water(&self) -> usize {
+        self.inner.seq().high_water()
+    }
+    /// The lowest length `rewind` accepts now.
+    #[getter]
+    fn min_rewind(&self) -> usize {
+        self.inner.seq().min_rewind()
+    }
+    #[getter]
+    fn step_open(&self) -> bool {
+        self.inner.seq().step_open()
+    }
+    #[pyo3(signature = (n=None))]
+    fn can_extend(&self, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let n = match n {
+            Some(n) => index(n, "n")?,
+            None => 1,
+        };
+        Ok(self.inner.seq().can_extend(n))
+    }
+    /// Admission and commit: returns the step's first position.
+    fn begin_step(&mut self, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let n = index(n_tokens, "n_tokens")?;
+        self.inner.begin_step(n).py_err()
+    }
+    fn rewind(&mut self, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = index(new_len, "new_len")?;
+        self.inner.rewind(n).py_err()
+    }
+    fn clear(&mut self) {
+        self.inner.clear()
+    }
+    /// The open step's plan for `layer`.
+    fn plan(&self, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
+        let layer = index(layer, "layer")?;
+        Ok(PySeqStepPlan(self.inner.seq().plan(layer).py_err()?))
+    }
+    fn __repr__(&self) -> String {
+        let s = self.inner.seq();
+        let kind = match self.inner {
+            SeqInner::Plain(_) => "SequenceCache",
+            SeqInner::Kv(_) => "KvSequenceCache",
+        };
+        format!(
+            "{kind}(length={}, capacity={}, n_layers={}, step_open={})",
+            s.length(),
+            s.capacity(),
+            s.config().n_layers,
+            s.step_open()
+        )
+    }
+    fn __len__(&self) -> usize {
+        self.inner.seq().length()
+    }
+}
+
+/// A SequenceCache plus per-layer K/V pools.
+#[pyclass(module = "offgraph_kv", name = "KvSequenceCache", extends = PySequenceCache)]
+pub struct PyKvSequenceCache;
+
+fn kv_mut<'a>(base: &'a mut PySequenceCache) -> PyResult<&'a mut KvSequenceCache> {
+    match &mut base.inner {
+        SeqInner::Kv(c) => Ok(c),
+        SeqInner::Plain(_) => Err(crate::errors::make("StepError", "not a KvSequenceCache")),
+    }
+}
+
+pub fn kv_ref(base: &PySequenceCache) -> PyResult<&KvSequenceCache> {
+    match &base.inner {
+        SeqInner::Kv(c) => Ok(c),
+        SeqInner::Plain(_) => Err(crate::errors::make("StepError", "not a KvSequenceCache")),
+    }
+}
+
+#[pymethods]
+impl PyKvSequenceCache {
+    #[new]
+    fn new(cfg: PyRef<'_, PyCacheConfig>) -> PyResult<PyClassInitializer<Self>> {
+        let kv = KvSequenceCache::new(cfg.inner.clone()).py_err()?;
+        Ok(PyClassInitializer::from(PySequenceCache {
+            inner: SeqInner::Kv(kv),
+        })
+        .add_subclass(PyKvSequenceCache))
+    }
+
+    /// Writes the open step's rows of `layer` and returns its AttendSpec.
+    /// `k`, `v`: float32 `[n_kv_heads, T, head_dim]` (a leading batch of 1 is
+    /// accepted; non-contiguous input is copied). A refused call writes nothing.
+    fn update(
+        slf: Bound<'_, Self>,
+        layer: &Bound<'_, PyAny>,
+        k: &Bound<'_, PyAny>,
+        v: &Bound<'_, PyAny>,
+    ) -> PyResult<PyAttendSpec> {
+        let layer = index(layer, "layer")?;
+        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let mut this = slf.borrow_mut();
+        let base = this.as_super();
+        let cache = kv_mut(base)?;
+        let plan = cache.plan(layer).py_err()?;
+        let l = *cache.config().layer(layer).py_err()?;
+        let (mut kb, mut vb) = (Vec::new(), Vec::new());
+        let n = Some(plan.n_tokens);
+        crate::args::f32_rows(k, "k", l.n_kv_heads, l.head_dim, n, &mut kb)?;
+        crate::args::f32_rows(v, "v", l.n_kv_heads, l.head_dim, n, &mut vb)?;
+        cache.update(layer, &kb, &vb).py_err()?;
+        PyAttendSpec::from_seq(owner, cache, layer)
+    }
+
+    /// The open step's spec for `layer`, without writing.
+    fn spec(slf: Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
+        let layer = index(layer, "layer")?;
+        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let this = slf.borrow();
+        let cache = kv_ref(this.as_super())?;
+        PyAttendSpec::from_seq(owner, cache, layer)
+    }
+
+    /// Bytes the pools hold: of one layer, or of all when `layer` is None.
+    #[pyo3(signature = (layer=None))]
+    fn nbytes(slf: PyRef<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let cache = kv_ref(slf.as_super())?;
+        match crate::args::opt_index(layer, "layer")? {
+            Some(l) => cache.nbytes(l).py_err(),
+            None => Ok(cache.nbytes_total()),
+        }
+    }
+
+    /// Slots the pool of `layer` has now (it doubles up to its depth).
+    fn pool_slots(slf: PyRef<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let layer = index(layer, "layer")?;
+        Ok(kv_ref(slf.as_super())?.pool(layer).py_err()?.slots())
+    }
+}
+
+/// The runner's face of a sequence cache.
+#[pyclass(module = "offgraph_kv")]
+pub struct SequenceControl {
+    cache: Py<PySequenceCache>,
+}
+
+#[pymethods]
+impl SequenceControl {
+    #[getter]
+    fn length(&self, py: Python<'_>) -> usize {
+        self.cache.borrow(py).inner.seq().length()
+    }
+    #[getter]
+    fn capacity(&self, py: Python<'_>) -> usize {
+        self.cache.borrow(py).inner.seq().capacity()
+    }
+    #[getter]
+    fn cache(&self, py: Python<'_>) -> Py<PySequenceCache> {
+        self.cache.clone_ref(py)
+    }
+    #[pyo3(signature = (n=None))]
+    fn can_extend(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        self.cache.borrow(py).can_extend(n)
+    }
+    fn begin_step(&self, py: Python<'_>, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.cache.borrow_mut(py).begin_step(n_tokens)
+    }
+    fn rewind(&self, py: Python<'_>, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.cache.borrow_mut(py).rewind(new_len)
+    }
+    fn clear(&self, py: Python<'_>) {
+        self.cache.borrow_mut(py).clear()
+    }
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!("SequenceControl({})", self.cache.borrow(py).__repr__())
+    }
+}
+
+/// The backend's face of a sequence cache.
+#[pyclass(module = "offgraph_kv")]
+pub struct SequencePlanner {
+    cache: Py<PySequenceCache>,
+}
+
+#[pymethods]
+impl SequencePlanner {
+    fn plan(&self, py: Python<'_>, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
+        self.cache.borrow(py).plan(layer)
+    }
+    #[getter]
+    fn cache(&self, py: Python<'_>) -> Py<PySequenceCache> {
+        self.cache.clone_ref(py)
+    }
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!("SequencePlanner({})", self.cache.borrow(py).__repr__())
+    }
+}
+
+/// Where one step's rows go and what its queries read, for one layer.
+#[pyclass(module = "offgraph_kv", name = "SeqStepPlan", frozen, eq)]
+#[derive(PartialEq)]
+pub struct PySeqStepPlan(pub SeqStepPlan);
+
+#[pymethods]
+impl PySeqStepPlan {
+    #[getter]
+    fn position(&self) -> usize {
+        self.0.position
+    }
+    #[getter]
+    fn n_tokens(&self) -> usize {
+        self.0.n_tokens
+    }
+    /// Slot runs `(start, length)` the step's rows land in, in token order.
+    #[getter]
+    fn write(&self) -> Vec<(usize, usize)> {
+        runs_list(&self.0.write)
+    }
+    /// Slot runs holding the visible history, oldest first.
+    #[getter]
+    fn read(&self) -> Vec<(usize, usize)> {
+        runs_list(&self.0.read)
+    }
+    #[getter]
+    fn read_base_pos(&self) -> usize {
+        self.0.read_base_pos
+    }
+    /// "none" | "causal" | "window".
+    #[getter]
+    fn mask_kind(&self) -> &'static str {
+        self.0.mask.name()
+    }
+    #[getter]
+    fn window(&self) -> Option<usize> {
+        self.0.window()
+    }
+    #[getter]
+    fn depth(&self) -> usize {
+        self.0.depth
+    }
+    #[getter]
+    fn valid_len(&self) -> usize {
+        self.0.valid_len()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "SeqStepPlan(position={}, n_tokens={}, write={:?}, read={:?}, read_base_pos={}, mask_kind={:?}, window={:?})",
+            self.0.position,
+            self.0.n_tokens,
+            runs_list(&self.0.write),
+            runs_list(&self.0.read),
+            self.0.read_base_pos,
+            self.0.mask.name(),
+            self.0.window()
+        )
+    }
+}

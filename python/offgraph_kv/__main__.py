@@ -1,0 +1,7 @@
+"""``python -m offgraph_kv``: the same as the ``offgraph-kv`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

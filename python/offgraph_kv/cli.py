@@ -1,0 +1,119 @@
+"""The ``offgraph-kv`` command line.
+
+``offgraph-kv plans`` drives a Gemma-like config (ring layers of window 512
+and flat layers, 5:1, 12 layers) through a prefill and decode steps and prints,
+per policy, the plans of a few steps: what the cache tells a backend to write
+and read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import _native as n
+
+
+def gemma_like_config(
+    n_layers: int = 12,
+    window: int = 512,
+    capacity: int = 4096,
+    max_step: int = 1024,
+    n_kv_heads: int = 8,
+    head_dim: int = 128,
+) -> n.CacheConfig:
+    """5 ring layers of ``window`` to 1 flat layer, repeated over ``n_layers``."""
+    ring = n.LayerConfig(n.Ring(window=window), n_kv_heads, head_dim)
+    flat = n.LayerConfig(n.Flat(), n_kv_heads, head_dim)
+    layers = [flat if (i + 1) % 6 == 0 else ring for i in range(n_layers)]
+    return n.CacheConfig(capacity, n_layers, layers, initial_capacity=64, max_step=max_step)
+
+
+def _fmt_plan(p: n.SeqStepPlan) -> str:
+    win = "" if p.window is None else f" window={p.window}"
+    return (
+        f"pos={p.position:<5} T={p.n_tokens:<4} write={p.write!s:<22} read={p.read!s:<24} "
+        f"base={p.read_base_pos:<5} mask={p.mask_kind}{win}"
+    )
+
+
+def cmd_plans(args: argparse.Namespace) -> int:
+    cfg = gemma_like_config(
+        n_layers=args.layers,
+        window=args.window,
+        capacity=args.prefill + args.decode + 8,
+        max_step=args.chunk,
+    )
+    cache = n.SequenceCache(cfg)
+    ctl, pl = cache.control(), cache.planner()
+    # One layer per distinct policy: layers sharing a policy share a plan.
+    reps: dict[str, int] = {}
+    for i, layer in enumerate(
+        cfg.layers if len(cfg.layers) == cfg.n_layers else cfg.layers * cfg.n_layers
+    ):
+        reps.setdefault(repr(layer.policy), i)
+    print(
+        f"config: {cfg.n_layers} layers, {len(reps)} policies "
+        f"({', '.join(reps)}), capacity {cfg.capacity}, max_step {cfg.max_step}"
+    )
+    for name, layer in reps.items():
+        print(f"  {name}: layer {layer}, pool depth {cfg.depth(layer)} slots")
+    shown = {0, 1, 2, args.decode // 2, args.decode - 1}
+    print(
+        f"\nprefill of {args.prefill} tokens in chunks of {args.chunk}, "
+        f"then {args.decode} decode steps"
+    )
+    done, chunk_no = 0, 0
+    while done < args.prefill:
+        t = min(args.chunk, args.prefill - done)
+        ctl.begin_step(t)
+        done += t
+        if chunk_no == 0 or done == args.prefill:
+            for name, layer in reps.items():
+                print(f"  prefill {chunk_no:<4} {name:<18} {_fmt_plan(pl.plan(layer))}")
+        chunk_no += 1
+    for step in range(args.decode):
+        ctl.begin_step(1)
+        if step in shown:
+            for name, layer in reps.items():
+                print(f"  decode  {step:<4} {name:<18} {_fmt_plan(pl.plan(layer))}")
+    print(
+        f"\nlength {ctl.length} of {ctl.capacity}; rewind bound {cache.min_rewind} "
+        f"(ring layers keep window + max_step - 1 positions)"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="offgraph-kv", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
+    plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
+    plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")
+    plans.add_argument(
+        "--chunk", type=_positive, default=128, help="prefill chunk = max_step (default 128)"
+    )
+    plans.add_argument("--window", type=_positive, default=512, help="ring window (default 512)")
+    plans.add_argument("--layers", type=_positive, default=12, help="layers (default 12)")
+    plans.set_defaults(func=cmd_plans)
+    return p
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""KvSequenceCache from Python: writes land where plans say, views are
+zero-copy and read-only and never dangle, and bad rows write nothing."""
+
+import gc
+
+import numpy as np
+import offgraph_kv as okv
+import pytest
+from conftest import gemma_like
+
+
+def rows(rng, heads, t, dim, dtype=np.float32):
+    return rng.standard_normal((heads, t, dim)).astype(dtype)
+
+
+def read_rows(spec):
+    """The pool rows over the spec's read runs: [heads, valid, dim]."""
+    k = np.concatenate([spec.k[:, s : s + n] for s, n in spec.read], axis=1)
+    v = np.concatenate([spec.v[:, s : s + n] for s, n in spec.read], axis=1)
+    return k, v
+
+
+def test_history_matches_naive_model_across_doublings():
+    rng = np.random.default_rng(0)
+    cfg = gemma_like(capacity=80, max_step=8, window=16, heads=2, dim=4)
+    kv = okv.KvSequenceCache(cfg)
+    hist = [[np.zeros((2, 0, 4), np.float32)] * 2 for _ in range(3)]
+    slots_seen = set()
+    for n in [7, 5, 5] + [1] * 40 + [8, 3, 8]:
+        pos = kv.control().begin_step(n)
+        for layer in range(3):
+            k, v = rows(rng, 2, n, 4), rows(rng, 2, n, 4)
+            hist[layer][0] = np.concatenate([hist[layer][0][:, :pos], k], axis=1)
+            hist[layer][1] = np.concatenate([hist[layer][1][:, :pos], v], axis=1)
+            spec = kv.update(layer, k, v)
+            assert spec.positions == list(range(pos, pos + n))
+            got_k, got_v = read_rows(spec)
+            lo = spec.read_base_pos
+            np.testing.assert_array_equal(got_k, hist[layer][0][:, lo : pos + n])
+            np.testing.assert_array_equal(got_v, hist[layer][1][:, lo : pos + n])
+            assert kv.nbytes(layer) == 2 * 2 * kv.pool_slots(layer) * 4 * 4
+            assert kv.pool_slots(layer) <= cfg.depth(layer)
+            slots_seen.add(kv.pool_slots(2))
+    assert len(slots_seen) >= 5  # the flat pool doubled at least four times
+    assert kv.nbytes() == sum(kv.nbytes(i) for i in range(3))
+    assert kv.pool_slots(0) == cfg.depth(0)  # the ring never exceeds its depth
+
+
+def test_views_are_zero_copy_and_read_only():
+    kv = okv.KvSequenceCache(gemma_like(heads=2, dim=4))
+    kv.begin_step(1)
+    spec = kv.update(2, np.ones((2, 1, 4), np.float32), np.zeros((2, 1, 4), np.float32))
+    assert spec.slots == 2
+    k1, k2 = spec.k, spec.k
+    assert np.shares_memory(k1, k2)
+    assert not k1.flags.writeable
+    with pytest.raises(ValueError):
+        k1[0, 0, 0] = 5.0
+    kv.begin_step(1)
+    kv.update(2, np.full((2, 1, 4), 7, np.float32), np.zeros((2, 1, 4), np.float32))
+    # Same buffer (no growth): the view sees the row written in place.
+    assert kv.pool_slots(2) == 2
+    assert k1[0, 1, 0] == 7.0
+
+
+def test_views_survive_growth_clear_and_drop():
+    cfg = gemma_like(capacity=64, max_step=4, heads=2, dim=4)
+    kv = okv.KvSequenceCache(cfg)
+    kv.begin_step(2)
+    first = np.arange(16, dtype=np.float32).reshape(2, 2, 4)
+    spec = kv.update(2, first, first + 100)
+    k_view, v_view = spec.k, spec.v
+    for _ in range(15):  # many doublings
+        kv.begin_step(4)
+        kv.update(2, np.full((2, 4, 4), -1, np.float32), np.full((2, 4, 4), -1, np.float32))
+    kv.rewind(kv.length - 1)
+    kv.clear()
+    del kv, spec
+    gc.collect()
+    np.testing.assert_array_equal(k_view[:, :2], first)
+    np.testing.assert_array_equal(v_view[:, :2], first + 100)
+
+
+def test_bad_rows_are_refused_and_write_nothing():
+    kv = okv.KvSequenceCache(gemma_like(heads=2, dim=4))
+    kv.begin_step(2)
+    good = np.ones((2, 2, 4), np.float32)
+    kv.update(0, good, good)
+    before = kv.spec(0).k.copy()
+
+    cases = [
+        (okv.DTypeError, "float32, got float64", good.astype(np.float64)),
+        (okv.DTypeError, "got float16", good.astype(np.float16)),
+        (okv.DTypeError, "got int32", good.astype(np.int32)),
+        (okv.DTypeError, "got list", good.tolist()),
+        (okv.ShapeError, r"\[2, 2, 4\], got \[2, 2, 5\]", np.ones((2, 2, 5), np.float32)),
+        (okv.ShapeError, r"got \[3, 2, 4\]", np.ones((3, 2, 4), np.float32)),
+        (okv.ShapeError, r"got \[2, 3, 4\]", np.ones((2, 3, 4), np.float32)),
+        (okv.ShapeError, "got \\[8\\]", np.ones(8, np.float32)),
+        (okv.ShapeError, r"got \[2, 2, 2, 4\]", np.ones((2, 2, 2, 4), np.float32)),
+        (okv.ShapeError, r"got \[2, 0, 4\]", np.ones((2, 0, 4), np.float32)),
+    ]
+    for exc, msg, bad in cases:
+        with pytest.raises(exc, match=msg):
+            kv.update(0, bad, good)
+        with pytest.raises(exc, match=msg):
+            kv.update(0, good, bad)
+        np.testing.assert_array_equal(kv.spec(0).k, before)
+    with pytest.raises(okv.InvalidArgumentError, match="layer 7"):
+        kv.update(7, good, good)
+    np.testing.assert_array_equal(kv.spec(0).k, before)
+
+
+def test_batch_axis_and_non_contiguous_input():
+    kv = okv.KvSequenceCache(gemma_like(heads=2, dim=4))
+    kv.begin_step(3)
+    base = np.arange(2 * 3 * 4 * 2, dtype=np.float32).reshape(2, 3, 8)
+    strided = base[:, :, ::2]  # non-contiguous
+    assert not strided.flags.c_contiguous
+    spec = kv.update(2, strided[None], strided[:, ::-1][:, ::-1])  # batch of 1; negative strides
+    np.testing.assert_array_equal(spec.k[:, :3], strided)
+    np.testing.assert_array_equal(spec.v[:, :3], strided)
+
+
+def test_update_needs_an_open_step():
+    kv = okv.KvSequenceCache(gemma_like(heads=2, dim=4))
+    with pytest.raises(okv.StepError):
+        kv.update(0, np.ones((2, 1, 4), np.float32), np.ones((2, 1, 4), np.float32))
+    assert kv.length == 0
