@@ -1,14 +1,14 @@
 """Type stubs of the native module offgraph_kv._native."""
 
 from collections.abc import Sequence
-from typing import Callable, Literal, Union
+from typing import Callable, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 __version__: str
 
-_Int = Union[int, np.integer]
+_Int = int | np.integer
 Runs = list[tuple[int, int]]
 
 class Flat:
@@ -21,7 +21,7 @@ class Ring:
     @property
     def window(self) -> int: ...
 
-Policy = Union[Flat, Ring]
+Policy = Flat | Ring
 
 class LayerConfig:
     def __init__(self, policy: Policy, n_kv_heads: _Int, head_dim: _Int) -> None: ...
