@@ -1,0 +1,482 @@
+//! The fused single-pass kernel shared by every ISA: blocked online softmax.
+//!
+//! One call handles one [`Block`]: up to `RB` query rows of one KV head (the
+//! GQA query heads of one or more tokens) against a list of key segments. Keys
+//! are visited in tiles of `KT` rows; for each tile the ISA computes the
+//! `rows × KT` score block (each K row loaded once per block and reused by
+//! every query row of it), the mask is applied in index space, the online
+//! softmax state is updated, and the ISA accumulates `P · V` (each V row loaded
+//! once per block). Only rows inside the segments are ever addressed.
+//!
+//! Scores live in the log2 domain: `q` is pre-scaled by `scale · log2(e)` and
+//! the kernel uses `exp2`.
+// Kernel module: every index below is bounded by the block geometry that
+// `attention::validate` checked up front (runs inside the pool, row counts
+// ≤ RB, tiles ≤ KT); out-of-range indexing here would be a bug, not input.
+#![allow(clippy::indexing_slicing)]
+
+use crate::runs::Run;
+
+/// Query rows per block.
+pub(crate) const RB: usize = 32;
+/// Keys per tile.
+pub(crate) const KT: usize = 32;
+
+/// The ISA-specific micro-kernels.
+pub(crate) trait Isa: Copy {
+    /// `sc[r * KT + j] = dot(qs[r * hd ..], k[j * hd ..])` for `r < nr`, `j < nk`.
+    ///
+    /// # Safety
+    /// `qs` holds `nr * hd` floats, `k` holds `nk * hd` floats, `sc` holds
+    /// `nr * KT` floats, `nk <= KT`, and the CPU supports the ISA.
+    unsafe fn scores(qs: *const f32, nr: usize, k: *const f32, nk: usize, hd: usize, sc: *mut f32);
+
+    /// `acc[r * hd + d] += Σ_j p[r * KT + j] · v[j * hd + d]` for `r < nr`.
+    ///
+    /// # Safety
+    /// `p` holds `nr * KT` floats, `v` holds `nk * hd` floats, `acc` holds
+    /// `nr * hd` floats, `nk <= KT`, and the CPU supports the ISA.
+    unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32);
+
+    /// Hint that `[p, p + bytes)` will be read soon. Never dereferences.
+    #[inline(always)]
+    fn prefetch(_p: *const f32, _bytes: usize) {}
+}
+
+/// One unit of work: query rows of one KV head against key segments.
+pub(crate) struct Block<'a> {
+    /// K and V rows of this KV head: `slots * hd` floats each.
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub hd: usize,
+    /// Scaled query rows, `nr * hd`.
+    pub qs: &'a [f32],
+    pub nr: usize,
+    /// Visible interval `[lo, hi)` of each row, in concatenated key index.
+    pub lo: &'a [usize],
+    pub hi: &'a [usize],
+    /// Key segments in concatenated order.
+    pub segs: &'a [Run],
+    /// Only keys `[k0, k1)` of the concatenation (a key split).
+    pub k0: usize,
+    pub k1: usize,
+}
+
+/// Online-softmax state of a block: running max (log2 domain), sum, accumulator.
+pub(crate) struct State<'a> {
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+    pub acc: &'a mut [f32],
+    /// Score tile scratch, `RB * KT`.
+    pub sc: &'a mut [f32],
+}
+
+/// `2^x` for `x <= 0` to ~1e-7 relative; 0 below -126 (and for -inf).
+/// Pure arithmetic on bits so loops over it vectorise.
+#[inline(always)]
+pub(crate) fn exp2(x: f32) -> f32 {
+    if x.is_nan() || x < -126.0 {
+        return 0.0;
+    }
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: round to nearest integer
+    let n = (x + MAGIC) - MAGIC;
+    let f = (x - n) * std::f32::consts::LN_2; // |f| <= 0.347
+    let p = 1.0
+        + f * (1.0
+            + f * (0.5
+                + f * (1.0 / 6.0
+                    + f * (1.0 / 24.0
+                        + f * (1.0 / 120.0 + f * (1.0 / 720.0 + f * (1.0 / 5040.0)))))));
+    let bits = ((n as i32 + 127) as u32) << 23;
+    p * f32::from_bits(bits)
+}
+
+/// Runs the block through all its keys, updating `st`.
+///
+/// # Safety
+/// The CPU supports `I`; the block geometry is consistent (segments inside
+/// `k`/`v`, `nr <= RB`, slices sized as documented on [`Block`] / [`State`]).
+#[inline(always)]
+pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
+    let hd = b.hd;
+    let nr = b.nr;
+    let (mut ulo, mut uhi) = (usize::MAX, 0usize);
+    for r in 0..nr {
+        if b.lo[r] < b.hi[r] {
+            ulo = ulo.min(b.lo[r]);
+            uhi = uhi.max(b.hi[r]);
+        }
+    }
+    let lo_all = ulo.max(b.k0);
+    let hi_all = uhi.min(b.k1);
+    if lo_all >= hi_all {
+        return;
+    }
+    let mut base = 0usize;
+    for seg in b.segs {
+        let seg_lo = base;
+        let seg_hi = base + seg.len;
+        base = seg_hi;
+        let a = seg_lo.max(lo_all);
+        let e = seg_hi.min(hi_all);
+        let mut j = a;
+        while j < e {
+            let nk = KT.min(e - j);
+            let row0 = seg.start + (j - seg_lo);
+            let kt = &b.k[row0 * hd..(row0 + nk) * hd];
+            let vt = &b.v[row0 * hd..(row0 + nk) * hd];
+            // Prefetch the next tile of this segment (never past it).
+            let next = (e - j - nk).min(KT);
+            if next > 0 {
+                let nrow = row0 + nk;
+                I::prefetch(b.k[nrow * hd..].as_ptr(), next * hd * 4);
+                I::prefetch(b.v[nrow * hd..].as_ptr(), next * hd * 4);
+            }
+            // SAFETY: qs has nr*hd floats, kt has nk*hd, sc has RB*KT >= nr*KT; nk <= KT.
+            unsafe { I::scores(b.qs.as_ptr(), nr, kt.as_ptr(), nk, hd, st.sc.as_mut_ptr()) };
+            let mut any = false;
+            for r in 0..nr {
+                let row = &mut st.sc[r * KT..r * KT + nk];
+                let (lo, hi) = (b.lo[r], b.hi[r]);
+                if lo >= j + nk || hi <= j || lo >= hi {
+                    row.fill(0.0);
+                    continue;
+                }
+                if lo > j || hi < j + nk {
+                    for (jj, s) in row.iter_mut().enumerate() {
+                        let idx = j + jj;
+                        if idx < lo || idx >= hi {
+                            *s = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                let mt = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let m_old = st.m[r];
+                let mn = m_old.max(mt);
+                let mut sum = 0.0f32;
+                for s in row.iter_mut() {
+                    let p = exp2(*s - mn);
+                    *s = p;
+                    sum += p;
+                }
+                if m_old == f32::NEG_INFINITY {
+                    st.l[r] = sum;
+                } else if mn > m_old {
+                    let alpha = exp2(m_old - mn);
+                    st.l[r] = st.l[r] * alpha + sum;
+                    for x in &mut st.acc[r * hd..(r + 1) * hd] {
+                        *x *= alpha;
+                    }
+                } else {
+                    st.l[r] += sum;
+                }
+                st.m[r] = mn;
+                any = true;
+            }
+            if any {
+                // SAFETY: sc has nr*KT floats, vt nk*hd, acc nr*hd; nk <= KT.
+                unsafe { I::pv(st.sc.as_ptr(), nr, vt.as_ptr(), nk, hd, st.acc.as_mut_ptr()) };
+            }
+            j += nk;
+        }
+    }
+}
+
+/// Portable micro-kernels; they autovectorise when compiled inside a
+/// `#[target_feature]` function (the AVX2+FMA path) and run as plain SSE2 code
+/// otherwise (the scalar fallback).
+/// `FMA` selects fused multiply-add (the AVX2+FMA path); without it `mul_add`
+/// would become a libm call, so the scalar path multiplies and adds.
+#[derive(Clone, Copy)]
+pub(crate) struct Portable<const FMA: bool>;
+
+#[inline(always)]
+fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let mut ca = a.chunks_exact(16);
+    let mut cb = b.chunks_exact(16);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for i in 0..16 {
+            acc[i] = fmadd::<FMA>(x[i], y[i], acc[i]);
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail = fmadd::<FMA>(*x, *y, tail);
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+impl<const FMA: bool> Isa for Portable<FMA> {
+    #[inline(always)]
+    unsafe fn scores(qs: *const f32, nr: usize, k: *const f32, nk: usize, hd: usize, sc: *mut f32) {
+        // SAFETY: sizes per the trait contract.
+        let (qs, k, sc) = unsafe {
+            (
+                std::slice::from_raw_parts(qs, nr * hd),
+                std::slice::from_raw_parts(k, nk * hd),
+                std::slice::from_raw_parts_mut(sc, nr * KT),
+            )
+        };
+        for (j, kr) in k.chunks_exact(hd).enumerate() {
+            for (r, qr) in qs.chunks_exact(hd).enumerate() {
+                sc[r * KT + j] = dot::<FMA>(qr, kr);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32) {
+        // SAFETY: sizes per the trait contract.
+        let (p, v, acc) = unsafe {
+            (
+                std::slice::from_raw_parts(p, nr * KT),
+                std::slice::from_raw_parts(v, nk * hd),
+                std::slice::from_raw_parts_mut(acc, nr * hd),
+            )
+        };
+        for (j, vr) in v.chunks_exact(hd).enumerate() {
+            for (r, ar) in acc.chunks_exact_mut(hd).enumerate() {
+                let pj = p[r * KT + j];
+                if pj != 0.0 {
+                    for (a, x) in ar.iter_mut().zip(vr) {
+                        *a = fmadd::<FMA>(pj, *x, *a);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Explicit AVX-512F micro-kernels (this machine's path).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::{Isa, KT};
+    use std::arch::x86_64::*;
+
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx512;
+
+    /// Lane `i` of the result is the horizontal sum of `v[i]`: a transpose-add
+    /// tree (30 shuffles, 30 adds for 16 vectors instead of 16 full reductions).
+    #[inline(always)]
+    unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+        // SAFETY (whole fn): register-only AVX-512F ops; the caller runs with AVX-512F.
+        unsafe {
+            let mut s = [_mm512_setzero_ps(); 8];
+            for (i, si) in s.iter_mut().enumerate() {
+                let (a, b) = (v[2 * i], v[2 * i + 1]);
+                *si = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+            }
+            let mut u = [_mm512_setzero_ps(); 4];
+            for (i, ui) in u.iter_mut().enumerate() {
+                let a = _mm512_castps_pd(s[2 * i]);
+                let b = _mm512_castps_pd(s[2 * i + 1]);
+                *ui = _mm512_add_ps(
+                    _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                    _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+                );
+            }
+            // 0b10_00_10_00 picks 128-bit blocks [0, 2 | 0, 2]; 0b11_01_11_01 picks [1, 3 | 1, 3].
+            let w0 = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b1000_1000>(u[0], u[1]),
+                _mm512_shuffle_f32x4::<0b1101_1101>(u[0], u[1]),
+            );
+            let w1 = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b1000_1000>(u[2], u[3]),
+                _mm512_shuffle_f32x4::<0b1101_1101>(u[2], u[3]),
+            );
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b1000_1000>(w0, w1),
+                _mm512_shuffle_f32x4::<0b1101_1101>(w0, w1),
+            )
+        }
+    }
+
+    #[inline(always)]
+    fn tail_mask(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    impl Isa for Avx512 {
+        #[inline(always)]
+        unsafe fn scores(
+            qs: *const f32,
+            nr: usize,
+            k: *const f32,
+            nk: usize,
+            hd: usize,
+            sc: *mut f32,
+        ) {
+            let full = hd / 16;
+            let tm = tail_mask(hd % 16);
+            let mut r0 = 0;
+            while r0 < nr {
+                // Rows/keys past the edge repeat the last valid one (valid memory,
+                // results dropped), so the 4×4 block shape is fixed.
+                let qp: [*const f32; 4] =
+                    core::array::from_fn(|i| qs.wrapping_add((r0 + i).min(nr - 1) * hd));
+                let mut j0 = 0;
+                while j0 < nk {
+                    let kp: [*const f32; 4] =
+                        core::array::from_fn(|i| k.wrapping_add((j0 + i).min(nk - 1) * hd));
+                    // SAFETY: every pointer addresses a whole row of hd floats inside
+                    // qs / k (contract of `scores`); offsets stay below hd; the tail
+                    // uses masked loads that touch only the row's own elements.
+                    let sums = unsafe {
+                        let mut acc = [_mm512_setzero_ps(); 16];
+                        for c in 0..full {
+                            let o = c * 16;
+                            let q = [
+                                _mm512_loadu_ps(qp[0].add(o)),
+                                _mm512_loadu_ps(qp[1].add(o)),
+                                _mm512_loadu_ps(qp[2].add(o)),
+                                _mm512_loadu_ps(qp[3].add(o)),
+                            ];
+                            for jj in 0..4 {
+                                let kv = _mm512_loadu_ps(kp[jj].add(o));
+                                for i in 0..4 {
+                                    acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
+                                }
+                            }
+                        }
+                        if tm != 0 {
+                            let o = full * 16;
+                            let q = [
+                                _mm512_maskz_loadu_ps(tm, qp[0].add(o)),
+                                _mm512_maskz_loadu_ps(tm, qp[1].add(o)),
+                                _mm512_maskz_loadu_ps(tm, qp[2].add(o)),
+                                _mm512_maskz_loadu_ps(tm, qp[3].add(o)),
+                            ];
+                            for jj in 0..4 {
+                                let kv = _mm512_maskz_loadu_ps(tm, kp[jj].add(o));
+                                for i in 0..4 {
+                                    acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
+                                }
+                            }
+                        }
+                        let mut out = [0.0f32; 16];
+                        _mm512_storeu_ps(out.as_mut_ptr(), hsum16(&acc));
+                        out
+                    };
+                    for i in 0..4.min(nr - r0) {
+                        for jj in 0..4.min(nk - j0) {
+                            // SAFETY: r0+i < nr and j0+jj < nk <= KT: inside sc's nr*KT floats.
+                            unsafe { *sc.add((r0 + i) * KT + j0 + jj) = sums[i * 4 + jj] };
+                        }
+                    }
+                    j0 += 4;
+                }
+                r0 += 4;
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32) {
+            let mut r0 = 0;
+            while r0 < nr {
+                let pr = p.wrapping_add(r0 * KT);
+                let ar = acc.wrapping_add(r0 * hd);
+                // SAFETY: rows r0..r0+R (R <= nr - r0) of p and acc, all nk rows of v,
+                // per the contract of `pv`.
+                unsafe {
+                    match nr - r0 {
+                        1 => pv_rows::<1>(pr, v, nk, hd, ar),
+                        2 => pv_rows::<2>(pr, v, nk, hd, ar),
+                        3 => pv_rows::<3>(pr, v, nk, hd, ar),
+                        _ => pv_rows::<4>(pr, v, nk, hd, ar),
+                    }
+                }
+                r0 += 4;
+            }
+        }
+
+        #[inline(always)]
+        fn prefetch(p: *const f32, bytes: usize) {
+            let p = p.cast::<i8>();
+            let mut off = 0;
+            while off < bytes {
+                // SAFETY: prefetch is a hint that never faults; the address is only computed.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+                off += 64;
+            }
+        }
+    }
+
+    /// `acc[i] += Σ_j p[i*KT + j] · v[j]` for `R` rows, 64 columns per pass held
+    /// in 4·R registers, masked 16-column tail.
+    #[inline(always)]
+    unsafe fn pv_rows<const R: usize>(
+        p: *const f32,
+        v: *const f32,
+        nk: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        // SAFETY (whole fn): p has R rows of KT floats, v has nk rows of hd floats,
+        // acc has R rows of hd floats; every offset below is < those bounds, the
+        // tail uses masked loads/stores.
+        unsafe {
+            let mut d = 0;
+            while d + 64 <= hd {
+                let mut a = [[_mm512_setzero_ps(); 4]; R];
+                for (i, ai) in a.iter_mut().enumerate() {
+                    for (c, x) in ai.iter_mut().enumerate() {
+                        *x = _mm512_loadu_ps(acc.add(i * hd + d + 16 * c));
+                    }
+                }
+                for j in 0..nk {
+                    let vr = v.add(j * hd + d);
+                    let x = [
+                        _mm512_loadu_ps(vr),
+                        _mm512_loadu_ps(vr.add(16)),
+                        _mm512_loadu_ps(vr.add(32)),
+                        _mm512_loadu_ps(vr.add(48)),
+                    ];
+                    for (i, ai) in a.iter_mut().enumerate() {
+                        let pb = _mm512_set1_ps(*p.add(i * KT + j));
+                        for c in 0..4 {
+                            ai[c] = _mm512_fmadd_ps(pb, x[c], ai[c]);
+                        }
+                    }
+                }
+                for (i, ai) in a.iter().enumerate() {
+                    for (c, x) in ai.iter().enumerate() {
+                        _mm512_storeu_ps(acc.add(i * hd + d + 16 * c), *x);
+                    }
+                }
+                d += 64;
+            }
+            while d < hd {
+                let m = tail_mask(hd - d);
+                let mut a = [_mm512_setzero_ps(); R];
+                for (i, x) in a.iter_mut().enumerate() {
+                    *x = _mm512_maskz_loadu_ps(m, acc.add(i * hd + d));
+                }
+                for j in 0..nk {
+                    let x = _mm512_maskz_loadu_ps(m, v.add(j * hd + d));
+                    for (i, ai) in a.iter_mut().enumerate() {
+                        *ai = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i * KT + j)), x, *ai);
+                    }
+                }
+                for (i, x) in a.iter().enumerate() {
+                    _mm512_mask_storeu_ps(acc.add(i * hd + d), m, *x);
+                }
+                d += 16;
+            }
+        }
+    }
+}

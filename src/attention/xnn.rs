@@ -1,0 +1,291 @@
+//! The XNNPACK backend: fully-connected operators over the pools, per block of
+//! query rows (one KV head) and chunk of ≤ `CHUNK` keys:
+//!
+//! 1. `Sᵀ = K_chunk · Qsᵀ`: a fully-connected operator whose *weights* are the
+//!    block's scaled query rows (`[out = rows, in = head_dim]`, packed once per
+//!    block — small) and whose *input* is the K rows read in place from the pool
+//!    (batch = keys). K is therefore never repacked or copied.
+//! 2. Mask and online softmax over the columns of `Sᵀ`, natively (the 2022
+//!    softmax operator has no mask and no running-max merge across chunks).
+//! 3. `Oᵀ = V_chunkᵀ · P`: the 2022 library has no batch-matmul and no transpose
+//!    operator, and a fully-connected operator only contracts its input's
+//!    channels, so `P · V` needs V either as packed weights (repacked per call:
+//!    XNNPACK packs at ~2.5–3 GB/s, the 14–19× roofline figure of the issue) or
+//!    transposed as input. We transpose the chunk natively into an L2-resident
+//!    scratch (`head_dim × CHUNK`) and create a second operator whose weights are
+//!    `Pᵀ` (`[in = keys, out = rows]`, `XNN_FLAG_TRANSPOSE_WEIGHTS`; packing
+//!    `rows × keys` floats, small for decode).
+//!
+//! No packed copy of the pools is kept: `attend` is stateless over a spec, and
+//! nothing in an [`AttendSpec`](crate::AttendSpec) tells whether a pool page
+//! changed since an earlier call (rewind, ring overwrite, reuse of a cell), so
+//! a cache keyed by pointer could serve stale K/V. A persistent packed-page cache
+//! needs a write generation from the byte layer; see the closing notes of issue 5.
+//!
+//! XNNPACK may read `XNN_EXTRA_BYTES` past an input. Inputs are our padded
+//! scratch buffers, or K rows of the pool; a K chunk that ends within 16 bytes of
+//! its head's slice has its last row copied into a padded buffer instead.
+// Kernel module: indices are bounded by the block geometry validated up front
+// in `attention::validate` (runs inside the pool, rows ≤ RB, chunks ≤ CHUNK).
+#![allow(clippy::indexing_slicing)]
+
+use super::kernel::{exp2, Block, State};
+use crate::error::{CacheError, Result};
+use std::cell::RefCell;
+use std::ptr;
+use std::sync::OnceLock;
+use xnnpack_sys as x;
+
+/// Query rows per block.
+pub(crate) const RB: usize = 32;
+/// Keys per operator call.
+const CHUNK: usize = 256;
+const PAD: usize = x::XNN_EXTRA_BYTES / 4;
+
+/// Initialises XNNPACK once per process.
+pub(crate) fn ensure_init() -> Result<()> {
+    static INIT: OnceLock<x::xnn_status> = OnceLock::new();
+    // SAFETY: a null allocator selects XNNPACK's default; called once.
+    let s = *INIT.get_or_init(|| unsafe { x::xnn_initialize(ptr::null()) });
+    check(s, "xnn_initialize")
+}
+
+fn check(s: x::xnn_status, what: &str) -> Result<()> {
+    if s == x::xnn_status_success {
+        Ok(())
+    } else {
+        Err(CacheError::Backend(format!(
+            "{what}: expected xnn_status_success, got {} ({s})",
+            x::status_name(s)
+        )))
+    }
+}
+
+/// An operator deleted on drop.
+struct Op(x::xnn_operator_t);
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        // SAFETY: self.0 came from a successful create and is deleted once.
+        unsafe { x::xnn_delete_operator(self.0) };
+    }
+}
+
+/// `create_fully_connected_nc_f32` with no bias and no clamp.
+///
+/// # Safety
+/// `kernel` holds `cin * cout` floats.
+unsafe fn fc(
+    cin: usize,
+    cout: usize,
+    in_stride: usize,
+    out_stride: usize,
+    kernel: *const f32,
+    flags: u32,
+) -> Result<Op> {
+    let mut op: x::xnn_operator_t = ptr::null_mut();
+    // SAFETY: kernel size per the contract; op is a valid out pointer.
+    let s = unsafe {
+        x::xnn_create_fully_connected_nc_f32(
+            cin,
+            cout,
+            in_stride,
+            out_stride,
+            kernel,
+            ptr::null(),
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            flags,
+            &mut op,
+        )
+    };
+    check(s, "xnn_create_fully_connected_nc_f32")?;
+    Ok(Op(op))
+}
+
+/// Setup + run on the calling thread.
+///
+/// # Safety
+/// `input` holds `batch` rows of the operator's input stride plus
+/// `XNN_EXTRA_BYTES` readable bytes; `output` holds `batch` output rows.
+unsafe fn fc_run(op: &Op, batch: usize, input: *const f32, output: *mut f32) -> Result<()> {
+    // SAFETY: per the contract.
+    let s =
+        unsafe { x::xnn_setup_fully_connected_nc_f32(op.0, batch, input, output, ptr::null_mut()) };
+    check(s, "xnn_setup_fully_connected_nc_f32")?;
+    // SAFETY: the operator was set up just above.
+    let s = unsafe { x::xnn_run_operator(op.0, ptr::null_mut()) };
+    check(s, "xnn_run_operator")
+}
+
+#[derive(Default)]
+struct XScratch {
+    /// Sᵀ / Pᵀ, `CHUNK × rows` (+ pad).
+    st: Vec<f32>,
+    /// V chunk transposed, `hd × CHUNK` (+ pad).
+    vt: Vec<f32>,
+    /// Oᵀ, `hd × rows`.
+    ot: Vec<f32>,
+    /// One padded K row.
+    row: Vec<f32>,
+}
+
+thread_local! {
+    static XSCRATCH: RefCell<XScratch> = RefCell::new(XScratch::default());
+}
+
+/// Same contract as `kernel::run_block`, through XNNPACK operators.
+pub(crate) fn run_block(b: &Block<'_>, st: &mut State<'_>) -> Result<()> {
+    XSCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => run_block_in(b, st, &mut s),
+        Err(_) => run_block_in(b, st, &mut XScratch::default()),
+    })
+}
+
+fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<()> {
+    let hd = b.hd;
+    let nr = b.nr;
+    let (mut ulo, mut uhi) = (usize::MAX, 0usize);
+    for r in 0..nr {
+        if b.lo[r] < b.hi[r] {
+            ulo = ulo.min(b.lo[r]);
+            uhi = uhi.max(b.hi[r]);
+        }
+    }
+    let lo_all = ulo.max(b.k0);
+    let hi_all = uhi.min(b.k1);
+    if lo_all >= hi_all || nr == 0 {
+        return Ok(());
+    }
+    xs.st.resize(CHUNK * nr + PAD, 0.0);
+    xs.vt.resize(hd * CHUNK + PAD, 0.0);
+    xs.ot.resize(hd * nr, 0.0);
+    xs.row.resize(hd + PAD, 0.0);
+    // SAFETY: qs holds nr * hd floats ([out = nr, in = hd]).
+    let op1 = unsafe { fc(hd, nr, hd, nr, b.qs.as_ptr(), 0)? };
+    let mut base = 0usize;
+    for seg in b.segs {
+        let seg_lo = base;
+        let seg_hi = base + seg.len;
+        base = seg_hi;
+        let a = seg_lo.max(lo_all);
+        let e = seg_hi.min(hi_all);
+        let mut j = a;
+        while j < e {
+            let nc = CHUNK.min(e - j);
+            let row0 = seg.start + (j - seg_lo);
+            let kc = &b.k[row0 * hd..(row0 + nc) * hd];
+            // Rows whose XNN_EXTRA_BYTES over-read stays inside this head's K slice.
+            let direct = if (row0 + nc) * hd + PAD <= b.k.len() {
+                nc
+            } else {
+                nc - 1
+            };
+            if direct > 0 {
+                // SAFETY: kc has `direct` rows of hd floats plus >= PAD more floats of
+                // the slice after them; st has CHUNK * nr floats.
+                unsafe { fc_run(&op1, direct, kc.as_ptr(), xs.st.as_mut_ptr())? };
+            }
+            if direct < nc {
+                xs.row[..hd].copy_from_slice(&kc[(nc - 1) * hd..]);
+                // SAFETY: row has hd + PAD floats; the output row nc-1 is inside st.
+                unsafe {
+                    fc_run(
+                        &op1,
+                        1,
+                        xs.row.as_ptr(),
+                        xs.st[(nc - 1) * nr..].as_mut_ptr(),
+                    )?
+                };
+            }
+            // Mask + online softmax down each column r of Sᵀ (stride nr).
+            let mut any = false;
+            for r in 0..nr {
+                let (lo, hi) = (b.lo[r], b.hi[r]);
+                if lo >= j + nc || hi <= j || lo >= hi {
+                    for jj in 0..nc {
+                        xs.st[jj * nr + r] = 0.0;
+                    }
+                    continue;
+                }
+                let mut mt = f32::NEG_INFINITY;
+                for jj in 0..nc {
+                    let idx = j + jj;
+                    let s = &mut xs.st[jj * nr + r];
+                    if idx < lo || idx >= hi {
+                        *s = f32::NEG_INFINITY;
+                    }
+                    mt = mt.max(*s);
+                }
+                let m_old = st.m[r];
+                let mn = m_old.max(mt);
+                let mut sum = 0.0f32;
+                for jj in 0..nc {
+                    let s = &mut xs.st[jj * nr + r];
+                    *s = exp2(*s - mn);
+                    sum += *s;
+                }
+                if m_old == f32::NEG_INFINITY {
+                    st.l[r] = sum;
+                } else if mn > m_old {
+                    let alpha = exp2(m_old - mn);
+                    st.l[r] = st.l[r] * alpha + sum;
+                    for v in &mut st.acc[r * hd..(r + 1) * hd] {
+                        *v *= alpha;
+                    }
+                } else {
+                    st.l[r] += sum;
+                }
+                st.m[r] = mn;
+                any = true;
+            }
+            if any {
+                // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d], in 8-key strips.
+                let vc = &b.v[row0 * hd..(row0 + nc) * hd];
+                transpose(vc, nc, hd, &mut xs.vt);
+                // SAFETY: st holds nc * nr floats = [in = nc, out = nr].
+                let op2 = unsafe {
+                    fc(
+                        nc,
+                        nr,
+                        nc,
+                        nr,
+                        xs.st.as_ptr(),
+                        x::XNN_FLAG_TRANSPOSE_WEIGHTS,
+                    )?
+                };
+                // SAFETY: vt holds hd rows of nc floats plus PAD; ot holds hd * nr.
+                unsafe { fc_run(&op2, hd, xs.vt.as_ptr(), xs.ot.as_mut_ptr())? };
+                for r in 0..nr {
+                    let acc = &mut st.acc[r * hd..(r + 1) * hd];
+                    for (d, a) in acc.iter_mut().enumerate() {
+                        *a += xs.ot[d * nr + r];
+                    }
+                }
+            }
+            j += nc;
+        }
+    }
+    Ok(())
+}
+
+/// `dst[d * n + j] = src[j * hd + d]` for a `n × hd` row-major source.
+fn transpose(src: &[f32], n: usize, hd: usize, dst: &mut [f32]) {
+    const B: usize = 16;
+    let mut j0 = 0;
+    while j0 < n {
+        let j1 = (j0 + B).min(n);
+        let mut d0 = 0;
+        while d0 < hd {
+            let d1 = (d0 + B).min(hd);
+            for j in j0..j1 {
+                let row = &src[j * hd..j * hd + hd];
+                for d in d0..d1 {
+                    dst[d * n + j] = row[d];
+                }
+            }
+            d0 = d1;
+        }
+        j0 = j1;
+    }
+}
