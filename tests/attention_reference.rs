@@ -264,7 +264,10 @@ fn ring_two_runs_window() {
             check_all("ring window", &q, [nq, t, hd], &spec, &[1, 2]);
         }
     }
-    assert!(wrapped >= 6, "only {wrapped} of 12 ring cases wrapped into two runs");
+    assert!(
+        wrapped >= 6,
+        "only {wrapped} of 12 ring cases wrapped into two runs"
+    );
 }
 
 /// Several sequences with gaps between their cells, a fork sharing a prefix,

@@ -21,6 +21,7 @@ use crate::runs::Run;
 pub(crate) const RB: usize = 32;
 /// Keys per tile.
 pub(crate) const KT: usize = 32;
+const PREFETCH: bool = true;
 
 /// The ISA-specific micro-kernels.
 pub(crate) trait Isa: Copy {
@@ -127,38 +128,42 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
             let vt = &b.v[row0 * hd..(row0 + nk) * hd];
             // Prefetch the next tile of this segment (never past it).
             let next = (e - j - nk).min(KT);
-            if next > 0 {
-                let nrow = row0 + nk;
+            let nrow = row0 + nk;
+            if PREFETCH && next > 0 {
                 I::prefetch(b.k[nrow * hd..].as_ptr(), next * hd * 4);
-                I::prefetch(b.v[nrow * hd..].as_ptr(), next * hd * 4);
             }
             // SAFETY: qs has nr*hd floats, kt has nk*hd, sc has RB*KT >= nr*KT; nk <= KT.
             unsafe { I::scores(b.qs.as_ptr(), nr, kt.as_ptr(), nk, hd, st.sc.as_mut_ptr()) };
             let mut any = false;
             for r in 0..nr {
-                let row = &mut st.sc[r * KT..r * KT + nk];
                 let (lo, hi) = (b.lo[r], b.hi[r]);
+                let Some(row) = st.sc[r * KT..(r + 1) * KT].first_chunk_mut::<KT>() else {
+                    continue;
+                };
                 if lo >= j + nk || hi <= j || lo >= hi {
                     row.fill(0.0);
                     continue;
                 }
-                if lo > j || hi < j + nk {
-                    for (jj, s) in row.iter_mut().enumerate() {
-                        let idx = j + jj;
-                        if idx < lo || idx >= hi {
-                            *s = f32::NEG_INFINITY;
-                        }
+                // Fixed-width (KT) lane-wise passes so each vectorises: mask
+                // (including the unused tail of a short tile), max, exp2, sum.
+                let mut mx = [f32::NEG_INFINITY; 16];
+                for (jj, s) in row.iter_mut().enumerate() {
+                    let idx = j + jj;
+                    if jj >= nk || idx < lo || idx >= hi {
+                        *s = f32::NEG_INFINITY;
                     }
+                    mx[jj % 16] = mx[jj % 16].max(*s);
                 }
-                let mt = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let mt = mx.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
                 let m_old = st.m[r];
                 let mn = m_old.max(mt);
-                let mut sum = 0.0f32;
-                for s in row.iter_mut() {
+                let mut sums = [0.0f32; 16];
+                for (jj, s) in row.iter_mut().enumerate() {
                     let p = exp2(*s - mn);
                     *s = p;
-                    sum += p;
+                    sums[jj % 16] += p;
                 }
+                let sum: f32 = sums.iter().sum();
                 if m_old == f32::NEG_INFINITY {
                     st.l[r] = sum;
                 } else if mn > m_old {
@@ -172,6 +177,9 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
                 }
                 st.m[r] = mn;
                 any = true;
+            }
+            if PREFETCH && next > 0 {
+                I::prefetch(b.v[nrow * hd..].as_ptr(), next * hd * 4);
             }
             if any {
                 // SAFETY: sc has nr*KT floats, vt nk*hd, acc nr*hd; nk <= KT.
@@ -395,12 +403,10 @@ pub(crate) mod avx512 {
                 unsafe {
                     match nr - r0 {
                         1 => pv_rows::<1>(pr, v, nk, hd, ar),
-                        2 => pv_rows::<2>(pr, v, nk, hd, ar),
-                        3 => pv_rows::<3>(pr, v, nk, hd, ar),
-                        _ => pv_rows::<4>(pr, v, nk, hd, ar),
+                        _ => pv_rows::<2>(pr, v, nk, hd, ar),
                     }
                 }
-                r0 += 4;
+                r0 += 2;
             }
         }
 
@@ -416,8 +422,9 @@ pub(crate) mod avx512 {
         }
     }
 
-    /// `acc[i] += Σ_j p[i*KT + j] · v[j]` for `R` rows, 64 columns per pass held
-    /// in 4·R registers, masked 16-column tail.
+    /// `acc[i] += Σ_j p[i*KT + j] · v[j]` for `R` rows, 128 columns per pass held
+    /// in 8·R registers (a whole head_dim-128 V row per load sweep, so V is read
+    /// row-sequentially), masked 16-column tail.
     #[inline(always)]
     unsafe fn pv_rows<const R: usize>(
         p: *const f32,
@@ -431,8 +438,8 @@ pub(crate) mod avx512 {
         // tail uses masked loads/stores.
         unsafe {
             let mut d = 0;
-            while d + 64 <= hd {
-                let mut a = [[_mm512_setzero_ps(); 4]; R];
+            while d + 128 <= hd {
+                let mut a = [[_mm512_setzero_ps(); 8]; R];
                 for (i, ai) in a.iter_mut().enumerate() {
                     for (c, x) in ai.iter_mut().enumerate() {
                         *x = _mm512_loadu_ps(acc.add(i * hd + d + 16 * c));
@@ -440,15 +447,10 @@ pub(crate) mod avx512 {
                 }
                 for j in 0..nk {
                     let vr = v.add(j * hd + d);
-                    let x = [
-                        _mm512_loadu_ps(vr),
-                        _mm512_loadu_ps(vr.add(16)),
-                        _mm512_loadu_ps(vr.add(32)),
-                        _mm512_loadu_ps(vr.add(48)),
-                    ];
+                    let x: [__m512; 8] = core::array::from_fn(|c| _mm512_loadu_ps(vr.add(16 * c)));
                     for (i, ai) in a.iter_mut().enumerate() {
                         let pb = _mm512_set1_ps(*p.add(i * KT + j));
-                        for c in 0..4 {
+                        for c in 0..8 {
                             ai[c] = _mm512_fmadd_ps(pb, x[c], ai[c]);
                         }
                     }
@@ -458,7 +460,7 @@ pub(crate) mod avx512 {
                         _mm512_storeu_ps(acc.add(i * hd + d + 16 * c), *x);
                     }
                 }
-                d += 64;
+                d += 128;
             }
             while d < hd {
                 let m = tail_mask(hd - d);

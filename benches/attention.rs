@@ -1,0 +1,224 @@
+//! attend() against the memory roofline (decode) and the FMA bound (prefill).
+//!
+//! Decode: T = 1, 8 KV heads, 32 query heads, head_dim 128, contexts 512 / 2048
+//! / 8192, 1 and 2 threads; each backend and `floor`, a plain read of the same
+//! K and V bytes split over the same threads (the roofline floor), all in one
+//! run. Cold cache: every iteration's setup (not timed, `iter_batched` with
+//! `PerIteration`) first reads a 96 MiB buffer, 3× this machine's 32 MiB L3.
+//!
+//! Prefill: a T = 128 chunk at the end of a 2048-token causal context. The FMA
+//! bound is `useful FMAs / peak`, useful = visible (query, key) pairs × head_dim
+//! × 2 (q·k and p·v), peak measured at start-up by an AVX-512 FMA loop with 12
+//! independent accumulators (printed as `fma peak`).
+//!
+//! `ATTN_BENCH_QUICK=1` shortens warm-up/measurement. The ratios in the issue's
+//! closing note come from the medians in target/criterion/*/*/new/estimates.json.
+#![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
+use offgraph_kv::{AttendSpec, KeyLayout, MaskKind, Run, Runs};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const N_KV: usize = 8;
+const N_Q: usize = 32;
+const HD: usize = 128;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// Sum with 32 independent lanes so the loop is bound by loads, not add latency.
+fn read_sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    let mut it = x.chunks_exact(32);
+    for c in &mut it {
+        for i in 0..32 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
+}
+
+fn flush(buf: &[f32]) {
+    black_box(read_sum(buf));
+}
+
+/// The floor: read K and V of every head once, heads split over threads like attend.
+fn read_kv(k: &[f32], v: &[f32], threads: usize) -> f32 {
+    if threads == 1 {
+        return read_sum(k) + read_sum(v);
+    }
+    let per = k.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (a, b) = ((t * per).min(k.len()), ((t + 1) * per).min(k.len()));
+                let (kk, vv) = (&k[a..b], &v[a..b]);
+                s.spawn(move || read_sum(kk) + read_sum(vv))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    })
+}
+
+/// Peak FMA throughput of one core, in FMAs (lanes) per second.
+fn fma_peak() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn run(iters: usize) -> f32 {
+            use std::arch::x86_64::*;
+            let mut a = [_mm512_set1_ps(1.0); 12];
+            let m = _mm512_set1_ps(0.999_999);
+            let c = _mm512_set1_ps(1e-7);
+            for _ in 0..iters {
+                for x in a.iter_mut() {
+                    *x = _mm512_fmadd_ps(*x, m, c);
+                }
+            }
+            let mut s = _mm512_setzero_ps();
+            for x in a {
+                s = _mm512_add_ps(s, x);
+            }
+            _mm512_reduce_add_ps(s)
+        }
+        let iters = 20_000_000;
+        // SAFETY: avx512f detected above.
+        unsafe { run(1000) };
+        let t = Instant::now();
+        // SAFETY: avx512f detected above.
+        black_box(unsafe { run(iters) });
+        return (iters * 12 * 16) as f64 / t.elapsed().as_secs_f64();
+    }
+    f64::NAN
+}
+
+fn config() -> Criterion {
+    let quick = std::env::var_os("ATTN_BENCH_QUICK").is_some();
+    Criterion::default()
+        .sample_size(if quick { 10 } else { 30 })
+        .warm_up_time(Duration::from_millis(if quick { 200 } else { 1000 }))
+        .measurement_time(Duration::from_millis(if quick { 1500 } else { 5000 }))
+}
+
+fn backends() -> Vec<Backend> {
+    [Backend::Native, Backend::Xnnpack]
+        .into_iter()
+        .filter(|b| b.available())
+        .collect()
+}
+
+fn decode(c: &mut Criterion) {
+    let flush_buf = vec![1.0f32; 24 << 20]; // 96 MiB
+    for threads in [1usize, 2] {
+        let mut g = c.benchmark_group(format!("decode_threads{threads}"));
+        for ctx in [512usize, 2048, 8192] {
+            let slots = ctx;
+            let k = data(N_KV * slots * HD, 1);
+            let v = data(N_KV * slots * HD, 2);
+            let q = data(N_Q * HD, 3);
+            let positions = [ctx - 1];
+            let spec = AttendSpec {
+                k: &k,
+                v: &v,
+                n_kv_heads: N_KV,
+                head_dim: HD,
+                slots,
+                positions: &positions,
+                keys: KeyLayout::Runs {
+                    read: Runs::one(Run::new(0, ctx)),
+                    read_base_pos: 0,
+                    mask: MaskKind::Causal,
+                },
+            };
+            let mut out = vec![0f32; q.len()];
+            g.throughput(Throughput::Bytes((2 * k.len() * 4) as u64));
+            g.bench_function(BenchmarkId::new("floor", ctx), |b| {
+                b.iter_batched(
+                    || flush(&flush_buf),
+                    |_| black_box(read_kv(&k, &v, threads)),
+                    BatchSize::PerIteration,
+                )
+            });
+            for backend in backends() {
+                let opts = AttendOptions {
+                    threads: Some(threads),
+                    backend,
+                    ..Default::default()
+                };
+                g.bench_function(BenchmarkId::new(backend.name(), ctx), |b| {
+                    b.iter_batched(
+                        || flush(&flush_buf),
+                        |_| attend_into(&q, [N_Q, 1, HD], &spec, &opts, &mut out).unwrap(),
+                        BatchSize::PerIteration,
+                    )
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+fn prefill(c: &mut Criterion) {
+    let peak = fma_peak();
+    let (ctx, t) = (2048usize, 128usize);
+    let useful: f64 = (0..t).map(|i| (ctx - t + i + 1) as f64).sum::<f64>() * (N_Q * HD * 2) as f64;
+    eprintln!(
+        "fma peak: {:.2} GFMA/s per core; prefill T={t} ctx={ctx}: {:.3e} useful FMAs, bound {:.2} ms at 1 thread, {:.2} ms at 2",
+        peak / 1e9,
+        useful,
+        useful / peak * 1e3,
+        useful / peak / 2.0 * 1e3
+    );
+    let k = data(N_KV * ctx * HD, 4);
+    let v = data(N_KV * ctx * HD, 5);
+    let q = data(N_Q * t * HD, 6);
+    let positions: Vec<usize> = (ctx - t..ctx).collect();
+    let spec = AttendSpec {
+        k: &k,
+        v: &v,
+        n_kv_heads: N_KV,
+        head_dim: HD,
+        slots: ctx,
+        positions: &positions,
+        keys: KeyLayout::Runs {
+            read: Runs::one(Run::new(0, ctx)),
+            read_base_pos: 0,
+            mask: MaskKind::Causal,
+        },
+    };
+    let mut out = vec![0f32; q.len()];
+    let mut g = c.benchmark_group("prefill128_ctx2048");
+    g.throughput(Throughput::Elements(useful as u64));
+    for threads in [1usize, 2] {
+        for backend in backends() {
+            let opts = AttendOptions {
+                threads: Some(threads),
+                backend,
+                ..Default::default()
+            };
+            g.bench_function(
+                BenchmarkId::new(backend.name(), format!("threads{threads}")),
+                |b| b.iter(|| attend_into(&q, [N_Q, t, HD], &spec, &opts, &mut out).unwrap()),
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = decode, prefill
+}
+criterion_main!(benches);
