@@ -170,15 +170,23 @@ pub fn attend_into(
 
 /// The backend `Backend::Auto` resolves to for a shape (other choices pass through).
 ///
-/// Crossover, measured with `benches/attention.rs` on the 2-core AVX-512 machine
-/// (8 KV heads, 32 query heads, head_dim 128, cold cache; medians):
-/// the native kernel is faster than the XNNPACK backend at every measured
-/// shape — decode T=1 at contexts 512/2048/8192 with 1 and 2 threads and a
-/// T=128 prefill chunk — so there is no crossover and `auto` always picks
-/// `native`. The figures are in the table of `benches/attention.rs`. XNNPACK
-/// loses because this 2022 library has no batch-matmul: the fully-connected
-/// operator must repack its weights at creation, so per call either K/V are
-/// repacked or (as built here) V is transposed per chunk; see `xnn.rs`.
+/// Measured with `benches/attention.rs` (`ATTN_BENCH_QUICK=1`) on the 2-core
+/// AVX-512 machine (8 KV heads, 32 query heads, head_dim 128, cold cache,
+/// medians; the machine was shared, load average ~3, so 2-thread figures are
+/// unreliable):
+///
+/// | shape                    | native  | xnnpack | read floor |
+/// |--------------------------|---------|---------|------------|
+/// | decode ctx 512, 1 thr    | 0.69 ms | 2.26 ms | 0.23 ms    |
+/// | decode ctx 2048, 1 thr   | 2.84 ms | 8.44 ms | 1.08 ms    |
+/// | decode ctx 8192, 1 thr   | 8.4–12 ms | 24–40 ms | 2.8–4.0 ms |
+/// | prefill T=128/2048, 1 thr| 146–152 ms | 172–192 ms | FMA bound 38–55 ms |
+/// | prefill T=128/2048, 2 thr| 125–150 ms | 59–129 ms | FMA bound 19–28 ms |
+///
+/// Native wins every decode shape by ~3× and 1-thread prefill by ~15%; the
+/// 2-thread prefill comparison flipped between two runs under load, so there is
+/// no crossover we can stand behind yet and `auto` picks `native` everywhere.
+/// Re-measure 2-thread prefill on a quiet machine before adding a rule for it.
 pub fn resolve_backend(
     _q_shape: [usize; 3],
     _spec: &AttendSpec<'_>,
