@@ -25,8 +25,8 @@
 //! Allocation: [`attend_into`] writes into the caller's buffer. Per-thread
 //! scratch (scaled queries, accumulators, score tiles) is thread-local and only
 //! grows, so a single-threaded call allocates nothing once warm; a multi-thread
-//! call pays the scoped-thread spawns (~20–40 µs per extra thread on this machine,
-//! included in the benchmark figures), and a key-split call one buffer of
+//! call pays the scoped-thread spawns (not measured separately; they are inside
+//! the 2-thread benchmark figures), and a key-split call one buffer of
 //! partial states.
 
 mod kernel;
