@@ -35,6 +35,8 @@ impl Rng {
 
 type Cell = Option<(usize, BTreeSet<SeqId>)>;
 type Expect = Result<(), &'static str>;
+/// The open step: its (seq, position) tokens and each table's cells.
+type OpenStep = (Vec<(SeqId, usize)>, Vec<Vec<u32>>);
 
 #[derive(Clone)]
 struct Model {
@@ -49,7 +51,7 @@ struct Model {
     cells: Vec<Vec<Cell>>,
     seqs: BTreeMap<SeqId, BTreeSet<usize>>,
     /// The open step's (seq, pos) tokens and per-table cells.
-    step: Option<(Vec<(SeqId, usize)>, Vec<Vec<u32>>)>,
+    step: Option<OpenStep>,
 }
 
 impl Model {
@@ -854,7 +856,7 @@ fn run_config(seed: u64, n_ops: usize, stats: &mut Stats) {
                     dead.extend(m.seqs.keys().copied());
                     let fresh = Model::new(pols.clone(), n_cells, n_seq_max, cfg.max_step);
                     m = fresh;
-                    assert_ne!(open_before && c.generation() == gen_before, true);
+                    assert!(!(open_before && c.generation() == gen_before));
                     compare(&c, &m, &ctx);
                 }
                 stats.ops += 1;

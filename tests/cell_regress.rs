@@ -190,7 +190,8 @@ fn windowed_and_multi_sequence_in_one_step() {
 fn a_verb_closes_the_step() {
     let mut c = cache(&[FLAT, ring(4)], 2, 32, 4);
     let a = c.seq_new().unwrap();
-    let verbs: Vec<(&str, Box<dyn Fn(&mut CellCache, SeqId)>)> = vec![
+    type Verb = Box<dyn Fn(&mut CellCache, SeqId)>;
+    let verbs: Vec<(&str, Verb)> = vec![
         ("seq_rm", Box::new(|c, s| c.seq_rm(s, 0, Some(0)).unwrap())),
         (
             "seq_clone",

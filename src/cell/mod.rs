@@ -67,6 +67,15 @@
 //! ring cells; in exchange the ring table holds `<= D` cells per live sequence
 //! whatever the context, and flat layers keep using dense, low cell indices.
 //!
+//! Measured (`benches/cell.rs`, 32 layers alternating flat / ring(512), both
+//! tables; medians on a shared 2-core dev box): one sequence decoding at 8K
+//! context in 16K cells, `begin_step` + `plan` for all 32 layers, ~0.27 µs per
+//! step; 64 sequences x 1000 tokens decoding one token each, ~4.5 µs in 64K
+//! cells and ~4.7 µs in 256K cells (placement does not scale with `n_cells`);
+//! a 512-token prefill step ~12.5 µs; `seq_clone` / `seq_free` of a 4K-token
+//! sequence ~16 µs each. Building the dense masks of the 64-sequence step costs
+//! ~220 µs, the sparse `visible_into` runs of every token ~105 µs.
+//!
 //! `free_cells`/`can_extend` are conservative for the ring table: a step may be
 //! admitted with fewer free ring cells than tokens when its own sequences'
 //! drops free enough (admission counts exactly which cells would free).

@@ -37,24 +37,24 @@ pub(super) fn visible_range(
     list.range(a..b.max(a))
 }
 
-impl CellStepPlan<'_> {
+impl<'a> CellStepPlan<'a> {
     /// Tokens in the step.
     pub fn n_tokens(&self) -> usize {
         self.positions.len()
     }
 
     /// The cell each token writes, in this layer's table.
-    pub fn cells(&self) -> &[u32] {
+    pub fn cells(&self) -> &'a [u32] {
         self.cells
     }
 
     /// Each token's position.
-    pub fn positions(&self) -> &[usize] {
+    pub fn positions(&self) -> &'a [usize] {
         self.positions
     }
 
     /// Each token's sequence.
-    pub fn seq_ids(&self) -> &[SeqId] {
+    pub fn seq_ids(&self) -> &'a [SeqId] {
         self.seq_ids
     }
 
