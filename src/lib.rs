@@ -19,9 +19,11 @@ pub mod runs;
 pub mod sequence;
 pub mod spec;
 
+pub use attention::{attend, attend_into, AttendOptions, Backend};
+pub use cell::{CellCache, CellStepPlan, SeqId};
 pub use config::{CacheConfig, LayerConfig, LayerPolicy};
 pub use error::{CacheError, Result};
-pub use kv::KvSequenceCache;
+pub use kv::{KvCellCache, KvSequenceCache};
 pub use runs::{MaskKind, Run, Runs};
 pub use sequence::{SeqStepPlan, SequenceCache};
 pub use spec::{AttendSpec, KeyLayout};

@@ -4,10 +4,12 @@
 //! plans. Allocation happens only when a pool grows, never per step.
 
 mod buffer;
+mod cell;
 mod pool;
 mod seq;
 
 pub use buffer::Buffer;
+pub use cell::KvCellCache;
 pub use pool::Pool;
 pub use seq::KvSequenceCache;
 

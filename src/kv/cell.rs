@@ -1,0 +1,193 @@
+//! `KvCellCache`: a `CellCache` plus one K/V pool per layer, indexed by the
+//! cells of the table that layer reads (flat layers: the full table; ring
+//! layers: the ring table). Pools double up to `n_cells` rows.
+
+use super::{check_rows, Pool};
+use crate::cell::{CellCache, CellStepPlan, SeqId};
+use crate::config::CacheConfig;
+use crate::error::{CacheError, Result};
+use crate::runs::Run;
+use crate::spec::{AttendSpec, KeyLayout};
+
+/// Token visibility of one distinct policy for the open step, as CSR runs:
+/// token i sees `runs[offsets[i]..offsets[i + 1]]`.
+#[derive(Debug, Default, Clone)]
+struct Visibility {
+    /// The step generation these runs were built for (`None`: never built).
+    generation: Option<u64>,
+    offsets: Vec<usize>,
+    runs: Vec<Run>,
+}
+
+/// Many sequences' bookkeeping and bytes.
+///
+/// Step protocol: `begin_step(seq_ids, positions)`, then per layer
+/// `update(layer, k, v)`: token i's rows go to its cell, and the returned
+/// [`AttendSpec`] carries each token's visible cells as runs (built once per
+/// distinct policy per step, in time proportional to what the step's sequences
+/// hold). The spec borrows the cache, so no verb can run while it is alive.
+#[derive(Debug)]
+pub struct KvCellCache {
+    cells: CellCache,
+    pools: Vec<Pool>,
+    /// Per distinct policy of the cell cache.
+    vis: Vec<Visibility>,
+}
+
+impl KvCellCache {
+    pub fn new(cfg: CacheConfig, n_cells: usize, n_seq_max: usize) -> Result<Self> {
+        let cells = CellCache::new(cfg, n_cells, n_seq_max)?;
+        let cfg = cells.config();
+        let mut pools = Vec::with_capacity(cfg.n_layers);
+        for layer in 0..cfg.n_layers {
+            let l = cfg.layer(layer)?;
+            pools.push(Pool::new(
+                l.n_kv_heads,
+                l.head_dim,
+                cfg.initial_capacity.min(n_cells),
+                n_cells,
+            ));
+        }
+        let vis = vec![Visibility::default(); cells.policies().len()];
+        Ok(KvCellCache { cells, pools, vis })
+    }
+
+    /// The bookkeeping, read-only.
+    pub fn cells(&self) -> &CellCache {
+        &self.cells
+    }
+
+    /// The bookkeeping, for the batch verbs (`seq_new`, `seq_clone`, `seq_rm`,
+    /// `seq_free`, `clear`): they never move bytes, so pools need not follow.
+    pub fn cells_mut(&mut self) -> &mut CellCache {
+        &mut self.cells
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        self.cells.config()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.cells.generation()
+    }
+
+    pub fn begin_step(&mut self, seq_ids: &[SeqId], positions: &[usize]) -> Result<()> {
+        self.cells.begin_step(seq_ids, positions)
+    }
+
+    pub fn plan(&self, layer: usize) -> Result<CellStepPlan<'_>> {
+        self.cells.plan(layer)
+    }
+
+    pub fn pool(&self, layer: usize) -> Result<&Pool> {
+        self.pools.get(layer).ok_or_else(|| {
+            CacheError::InvalidArgument(format!(
+                "layer {layer} out of range: the cache has {} layers",
+                self.pools.len()
+            ))
+        })
+    }
+
+    pub fn nbytes(&self, layer: usize) -> Result<usize> {
+        Ok(self.pool(layer)?.nbytes())
+    }
+
+    pub fn nbytes_total(&self) -> usize {
+        self.pools.iter().map(Pool::nbytes).sum()
+    }
+
+    /// Writes the open step's rows of `layer` (`k_new`, `v_new`:
+    /// `[n_kv_heads, n_tokens, head_dim]`) to the tokens' cells and returns the
+    /// spec. Refused calls write nothing.
+    pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
+        let plan = self.cells.plan(layer)?;
+        let pool = self
+            .pools
+            .get_mut(layer)
+            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} out of range")))?;
+        let t = plan.n_tokens();
+        check_rows(k_new, v_new, pool.n_heads(), t, pool.head_dim())?;
+        let max_cell = plan
+            .cells()
+            .iter()
+            .map(|&c| c as usize + 1)
+            .max()
+            .unwrap_or(0);
+        pool.ensure(max_cell.max(plan.read_len()))?;
+        // Consecutive tokens in consecutive cells go in one copy per head.
+        let cells = plan.cells();
+        let mut i = 0;
+        while i < t {
+            let start = cells.get(i).copied().unwrap_or(0) as usize;
+            let mut n = 1;
+            while cells.get(i + n).is_some_and(|&c| c as usize == start + n) {
+                n += 1;
+            }
+            pool.write_rows(k_new, v_new, t, i, start, n)?;
+            i += n;
+        }
+        self.spec(layer)
+    }
+
+    /// Builds (once per distinct policy per step) the visibility runs of `layer`.
+    fn ensure_visibility(&mut self, layer: usize) -> Result<usize> {
+        let pi = self.cells.policy_index(layer)?;
+        let gen = self.cells.generation();
+        let plan = self.cells.plan(layer)?;
+        let vis = self
+            .vis
+            .get_mut(pi)
+            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} has no policy")))?;
+        if vis.generation != Some(gen) {
+            vis.offsets.clear();
+            vis.runs.clear();
+            vis.offsets.push(0);
+            for i in 0..plan.n_tokens() {
+                plan.visible_into(i, &mut vis.runs)?;
+                vis.offsets.push(vis.runs.len());
+            }
+            vis.generation = Some(gen);
+        }
+        Ok(pi)
+    }
+
+    /// The open step's spec for `layer` (`&mut` only to memoize visibility).
+    pub fn spec(&mut self, layer: usize) -> Result<AttendSpec<'_>> {
+        let pi = self.ensure_visibility(layer)?;
+        self.spec_ref(layer, pi)
+    }
+
+    fn spec_ref(&self, layer: usize, pi: usize) -> Result<AttendSpec<'_>> {
+        let plan = self.cells.plan(layer)?;
+        let pool = self.pool(layer)?;
+        let vis = self
+            .vis
+            .get(pi)
+            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} has no policy")))?;
+        if plan.read_len() > pool.slots() {
+            return Err(CacheError::StepProtocol(format!(
+                "spec: layer {layer} was not updated this step (read extent {} beyond its pool of {} rows)",
+                plan.read_len(),
+                pool.slots()
+            )));
+        }
+        Ok(AttendSpec {
+            k: pool.k(),
+            v: pool.v(),
+            n_kv_heads: pool.n_heads(),
+            head_dim: pool.head_dim(),
+            slots: pool.slots(),
+            positions: plan.positions(),
+            keys: KeyLayout::Cells {
+                offsets: &vis.offsets,
+                runs: &vis.runs,
+                read_len: plan.read_len(),
+            },
+        })
+    }
+
+    /// The open step's dense mask for `layer` (`[T, read_len]`, 1 = visible).
+    pub fn dense_mask(&mut self, layer: usize) -> Result<&[u8]> {
+        self.cells.dense_mask(layer)
+    }
+}
