@@ -340,7 +340,7 @@ impl Model {
             .enumerate()
             .filter_map(|(c, cell)| {
                 let (q, o) = cell.as_ref()?;
-                let ok = o.contains(&seq) && *q <= p && w.map_or(true, |w| q + w > p);
+                let ok = o.contains(&seq) && *q <= p && w.is_none_or(|w| q + w > p);
                 ok.then_some(c)
             })
             .collect()
@@ -796,7 +796,7 @@ fn run_config(seed: u64, n_ops: usize, stats: &mut Stats) {
                 };
                 expected = m.expect_rm(seq, p0, p1);
                 label = match expected {
-                    Err("InvalidArgument") if p1.map_or(true, |p1| p1 >= p0) => "seq_rm-hole",
+                    Err("InvalidArgument") if p1.is_none_or(|p1| p1 >= p0) => "seq_rm-hole",
                     _ => "seq_rm",
                 };
                 snapshot = expected.is_err().then(|| c.clone());
