@@ -25,7 +25,12 @@ from ._errors import (
 from ._native import (
     AttendSpec,
     CacheConfig,
+    CellCache,
+    CellControl,
+    CellPlanner,
+    CellStepPlan,
     Flat,
+    KvCellCache,
     KvSequenceCache,
     LayerConfig,
     Ring,
@@ -34,6 +39,7 @@ from ._native import (
     SequenceControl,
     SequencePlanner,
     __version__,
+    attend,
 )
 from .registry import CacheSession
 
@@ -44,11 +50,16 @@ __all__ = [
     "CacheError",
     "CacheSession",
     "CapacityError",
+    "CellCache",
+    "CellControl",
+    "CellPlanner",
+    "CellStepPlan",
     "ConfigError",
     "DTypeError",
     "Flat",
     "InvalidArgumentError",
     "KeyExistsError",
+    "KvCellCache",
     "KvSequenceCache",
     "LayerConfig",
     "NotFoundError",
@@ -61,5 +72,6 @@ __all__ = [
     "StepError",
     "UnknownSequenceError",
     "__version__",
+    "attend",
     "registry",
 ]

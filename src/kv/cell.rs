@@ -157,6 +157,24 @@ impl KvCellCache {
         self.spec_ref(layer, pi)
     }
 
+    /// Builds `layer`'s visibility for the open step (see [`Self::spec_prepared`]).
+    pub fn prepare_spec(&mut self, layer: usize) -> Result<()> {
+        self.ensure_visibility(layer).map(|_| ())
+    }
+
+    /// The spec through a shared borrow, once [`Self::prepare_spec`] (or
+    /// `update`) ran for this layer in the open step; `StepProtocol` otherwise.
+    pub fn spec_prepared(&self, layer: usize) -> Result<AttendSpec<'_>> {
+        let pi = self.cells.policy_index(layer)?;
+        let built = self.vis.get(pi).and_then(|v| v.generation);
+        if built != Some(self.cells.generation()) {
+            return Err(CacheError::StepProtocol(format!(
+                "spec: layer {layer}'s visibility is not built for the open step"
+            )));
+        }
+        self.spec_ref(layer, pi)
+    }
+
     fn spec_ref(&self, layer: usize, pi: usize) -> Result<AttendSpec<'_>> {
         let plan = self.cells.plan(layer)?;
         let pool = self.pool(layer)?;

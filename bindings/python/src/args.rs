@@ -122,3 +122,8 @@ pub fn f32_rows(
     }
     Ok(t)
 }
+
+/// `None` or the value, as Python spells it in a repr.
+pub fn py_opt(v: Option<usize>) -> String {
+    v.map_or("None".to_string(), |v| v.to_string())
+}

@@ -3,6 +3,8 @@
 //! Every core error maps onto the exception tree in `offgraph_kv._errors`.
 
 mod args;
+mod attention;
+mod cell;
 mod config;
 mod errors;
 mod registry;
@@ -23,6 +25,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sequence::SequencePlanner>()?;
     m.add_class::<sequence::PySeqStepPlan>()?;
     m.add_class::<spec::PyAttendSpec>()?;
+    m.add_class::<cell::PyCellCache>()?;
+    m.add_class::<cell::PyKvCellCache>()?;
+    m.add_class::<cell::CellControl>()?;
+    m.add_class::<cell::CellPlanner>()?;
+    m.add_class::<cell::PyCellStepPlan>()?;
+    m.add_function(wrap_pyfunction!(attention::attend, m)?)?;
     m.add_class::<spec::PoolBuffer>()?;
     m.add_function(wrap_pyfunction!(registry::install, m)?)?;
     m.add_function(wrap_pyfunction!(registry::get, m)?)?;

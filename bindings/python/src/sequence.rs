@@ -154,7 +154,7 @@ impl PySequenceCache {
 #[pyclass(module = "offgraph_kv", name = "KvSequenceCache", extends = PySequenceCache)]
 pub struct PyKvSequenceCache;
 
-fn kv_mut<'a>(base: &'a mut PySequenceCache) -> PyResult<&'a mut KvSequenceCache> {
+fn kv_mut(base: &mut PySequenceCache) -> PyResult<&mut KvSequenceCache> {
     match &mut base.inner {
         SeqInner::Kv(c) => Ok(c),
         SeqInner::Plain(_) => Err(crate::errors::make("StepError", "not a KvSequenceCache")),
@@ -335,14 +335,14 @@ impl PySeqStepPlan {
     }
     fn __repr__(&self) -> String {
         format!(
-            "SeqStepPlan(position={}, n_tokens={}, write={:?}, read={:?}, read_base_pos={}, mask_kind={:?}, window={:?})",
+            "SeqStepPlan(position={}, n_tokens={}, write={:?}, read={:?}, read_base_pos={}, mask_kind={:?}, window={})",
             self.0.position,
             self.0.n_tokens,
             runs_list(&self.0.write),
             runs_list(&self.0.read),
             self.0.read_base_pos,
             self.0.mask.name(),
-            self.0.window()
+            crate::args::py_opt(self.0.window())
         )
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use numpy::ndarray::ArrayView3;
 use numpy::PyArray3;
 use offgraph_kv::kv::Buffer;
-use offgraph_kv::{KeyLayout, KvSequenceCache};
+use offgraph_kv::{KeyLayout, KvCellCache, KvSequenceCache};
 use pyo3::prelude::*;
 
 use crate::errors::IntoPy;
@@ -75,6 +75,8 @@ pub struct PyAttendSpec {
     pub window: Option<usize>,
     pub k_buf: Arc<Buffer>,
     pub v_buf: Arc<Buffer>,
+    /// Cell steps: the read extent (cells `[0, read_len)`); their mask is explicit.
+    pub cell: Option<usize>,
 }
 
 impl PyAttendSpec {
@@ -108,6 +110,29 @@ impl PyAttendSpec {
             window: plan.window(),
             k_buf,
             v_buf,
+            cell: None,
+        })
+    }
+
+    pub fn from_cells(owner: Py<PyAny>, cache: &KvCellCache, layer: usize) -> PyResult<Self> {
+        let spec = cache.spec_prepared(layer).py_err()?;
+        let plan = cache.plan(layer).py_err()?;
+        let (k_buf, v_buf) = cache.pool(layer).py_err()?.buffers();
+        Ok(PyAttendSpec {
+            owner,
+            generation: cache.generation(),
+            layer,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            slots: spec.slots,
+            read: vec![(0, plan.read_len())],
+            read_base_pos: 0,
+            positions: spec.positions.to_vec(),
+            mask_kind: "explicit",
+            window: plan.window(),
+            k_buf,
+            v_buf,
+            cell: Some(plan.read_len()),
         })
     }
 }
@@ -171,15 +196,32 @@ impl PyAttendSpec {
     fn window(&self) -> Option<usize> {
         self.window
     }
-    /// The dense mask; `None` for sequence steps (their mask is analytic).
+    /// Cell steps: the dense bool mask `[T, read_len]` (built on first request,
+    /// `StepError` once the step closed). Sequence steps: `None` (their mask is
+    /// analytic: see `mask_kind` and `window`).
     #[getter]
-    fn mask(&self) -> Option<Py<PyAny>> {
-        None
+    fn mask(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        if self.cell.is_none() {
+            return Ok(None);
+        }
+        let owner = self
+            .owner
+            .bind(py)
+            .cast::<crate::cell::PyCellCache>()?
+            .clone()
+            .unbind();
+        let m = crate::cell::dense_mask_py(py, &owner, self.generation, self.layer)?;
+        Ok(Some(m.into_any().unbind()))
+    }
+    /// Whether the step this spec was made for is still open.
+    #[getter]
+    fn is_current(&self, py: Python<'_>) -> bool {
+        crate::attention::current_generation(py, &self.owner) == Some(self.generation)
     }
     fn __repr__(&self) -> String {
         format!(
-            "AttendSpec(layer={}, slots={}, read={:?}, read_base_pos={}, positions={:?}, mask_kind={:?}, window={:?})",
-            self.layer, self.slots, self.read, self.read_base_pos, self.positions, self.mask_kind, self.window
+            "AttendSpec(layer={}, slots={}, read={:?}, read_base_pos={}, positions={:?}, mask_kind={:?}, window={})",
+            self.layer, self.slots, self.read, self.read_base_pos, self.positions, self.mask_kind, crate::args::py_opt(self.window)
         )
     }
 }

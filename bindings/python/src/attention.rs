@@ -1,0 +1,131 @@
+//! `attend(q, spec, scale=None, threads=None, backend="auto")`: pooled
+//! attention over a spec's pools, with the GIL released while it computes.
+
+use numpy::{PyArray3, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
+use pyo3::prelude::*;
+
+use crate::args::opt_index;
+use crate::cell::{CellInner, PyCellCache};
+use crate::errors::{dtype_err, invalid_arg, make, shape_err, IntoPy};
+use crate::sequence::{PySequenceCache, SeqInner};
+use crate::spec::PyAttendSpec;
+
+/// The step generation of the cache behind a spec (None if it is no cache of ours).
+pub fn current_generation(py: Python<'_>, owner: &Py<PyAny>) -> Option<u64> {
+    let b = owner.bind(py);
+    if let Ok(c) = b.cast::<PySequenceCache>() {
+        return c.try_borrow().ok().map(|c| c.inner.seq().generation());
+    }
+    if let Ok(c) = b.cast::<PyCellCache>() {
+        return c.try_borrow().ok().map(|c| c.inner.cells().generation());
+    }
+    None
+}
+
+fn stale(spec: &PyAttendSpec) -> PyErr {
+    make(
+        "StepError",
+        format!(
+            "attend: the spec of layer {} belongs to a step that has since been closed; update (or spec) the layer in the open step",
+            spec.layer
+        ),
+    )
+}
+
+/// softmax(q·Kᵀ·scale + mask)·V over the spec's visible rows.
+///
+/// `q`: float32 `[n_q_heads, T, head_dim]` (a leading batch of 1 is accepted),
+/// `n_q_heads` a multiple of the spec's `n_kv_heads`. Returns a new float32
+/// array of q's shape. `scale` defaults to 1/sqrt(head_dim); `threads` to the
+/// machine's cores; `backend` is "auto", "native" or "xnnpack". The GIL is
+/// released while it computes; the spec's cache stays borrowed (other threads
+/// using that cache meanwhile get "already borrowed").
+#[pyfunction]
+#[pyo3(signature = (q, spec, scale=None, threads=None, backend="auto"))]
+pub fn attend<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    spec: PyRef<'py, PyAttendSpec>,
+    scale: Option<f64>,
+    threads: Option<&Bound<'py, PyAny>>,
+    backend: &str,
+) -> PyResult<Bound<'py, PyArray3<f32>>> {
+    let backend = Backend::parse(backend).py_err()?;
+    let threads = opt_index(threads, "threads")?;
+    if threads == Some(0) {
+        return Err(invalid_arg("threads must be >= 1, got 0"));
+    }
+    if let Some(s) = scale {
+        if !s.is_finite() {
+            return Err(invalid_arg(format!("scale must be finite, got {s}")));
+        }
+    }
+    // q: float32, rank 3 (or 4 with a batch of 1), C-contiguous or copied.
+    let arr = q.cast::<PyUntypedArray>().map_err(|_| {
+        let tname = q
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        dtype_err(format!("q: expected a float32 numpy array, got {tname}"))
+    })?;
+    let dtype = arr.dtype();
+    let arr = arr
+        .cast::<numpy::PyArrayDyn<f32>>()
+        .map_err(|_| dtype_err(format!("q: expected dtype float32, got {dtype}")))?;
+    let shape = arr.shape().to_vec();
+    let q_shape: [usize; 3] = match shape.as_slice() {
+        [1, h, t, d] | [h, t, d] => [*h, *t, *d],
+        s => {
+            return Err(shape_err(format!(
+                "q: expected shape [n_q_heads, T, head_dim], got {s:?}"
+            )))
+        }
+    };
+    let ro = arr.readonly();
+    let owned;
+    let q_data: &[f32] = match ro.as_slice() {
+        Ok(s) => s,
+        Err(_) => {
+            owned = ro.as_array().iter().copied().collect::<Vec<f32>>();
+            &owned
+        }
+    };
+    let opts = AttendOptions {
+        scale: scale.map(|s| s as f32),
+        threads,
+        backend,
+        ..AttendOptions::default()
+    };
+    let out = PyArray3::<f32>::zeros(py, q_shape, false);
+    // SAFETY: `out` was just created here and no other reference to it exists.
+    let out_slice = unsafe { out.as_slice_mut() }.map_err(|e| shape_err(e.to_string()))?;
+    let owner = spec.owner.bind(py);
+    if let Ok(c) = owner.cast::<PySequenceCache>() {
+        let c = c.borrow();
+        let SeqInner::Kv(kv) = &c.inner else {
+            return Err(stale(&spec));
+        };
+        if kv.generation() != spec.generation {
+            return Err(stale(&spec));
+        }
+        let core = kv.spec(spec.layer).py_err()?;
+        py.detach(|| attend_into(q_data, q_shape, &core, &opts, out_slice))
+            .py_err()?;
+    } else if let Ok(c) = owner.cast::<PyCellCache>() {
+        let c = c.borrow();
+        let CellInner::Kv(kv) = &c.inner else {
+            return Err(stale(&spec));
+        };
+        if kv.generation() != spec.generation {
+            return Err(stale(&spec));
+        }
+        let core = kv.spec_prepared(spec.layer).py_err()?;
+        py.detach(|| attend_into(q_data, q_shape, &core, &opts, out_slice))
+            .py_err()?;
+    } else {
+        return Err(stale(&spec));
+    }
+    Ok(out)
+}

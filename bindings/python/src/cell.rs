@@ -1,0 +1,505 @@
+//! `CellCache` (bookkeeping) and `KvCellCache` (plus pools), their batch and
+//! planner faces, and `CellStepPlan`.
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use offgraph_kv::{CellCache, KvCellCache, SeqId};
+use pyo3::prelude::*;
+
+use crate::args::{index, index_list, opt_index};
+use crate::config::PyCacheConfig;
+use crate::errors::{make, IntoPy};
+use crate::spec::PyAttendSpec;
+
+/// The state behind a Python cell cache: bookkeeping only, or with pools.
+pub enum CellInner {
+    Plain(CellCache),
+    Kv(KvCellCache),
+}
+
+impl CellInner {
+    pub fn cells(&self) -> &CellCache {
+        match self {
+            CellInner::Plain(c) => c,
+            CellInner::Kv(c) => c.cells(),
+        }
+    }
+    fn cells_mut(&mut self) -> &mut CellCache {
+        match self {
+            CellInner::Plain(c) => c,
+            CellInner::Kv(c) => c.cells_mut(),
+        }
+    }
+    pub fn dense_mask(&mut self, layer: usize) -> offgraph_kv::Result<&[u8]> {
+        self.cells_mut().dense_mask(layer)
+    }
+}
+
+/// A sequence id from Python: ints beyond u32 cannot be ours.
+fn seq_id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SeqId> {
+    let v = index(obj, what)?;
+    SeqId::try_from(v).map_err(|_| {
+        make(
+            "UnknownSequenceError",
+            format!("{what}: sequence {v} was not handed out by this cache"),
+        )
+    })
+}
+
+fn runs_py(runs: &[offgraph_kv::Run]) -> Vec<(usize, usize)> {
+    runs.iter().map(|r| (r.start, r.len)).collect()
+}
+
+/// Many sequences in one pool of cells, each cell owned by a set of sequences.
+///
+/// Not shared between threads: a second thread using the cache while a call
+/// runs gets a `RuntimeError` ("already borrowed"), never a torn state.
+#[pyclass(module = "offgraph_kv", name = "CellCache", subclass)]
+pub struct PyCellCache {
+    pub inner: CellInner,
+}
+
+#[pymethods]
+impl PyCellCache {
+    #[new]
+    #[pyo3(signature = (cfg, n_cells, n_seq_max=None))]
+    fn new(
+        cfg: PyRef<'_, PyCacheConfig>,
+        n_cells: &Bound<'_, PyAny>,
+        n_seq_max: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let n_cells = crate::args::index_with(n_cells, "n_cells", crate::errors::config_err)?;
+        let n_seq_max = match n_seq_max.filter(|o| !o.is_none()) {
+            Some(o) => crate::args::index_with(o, "n_seq_max", crate::errors::config_err)?,
+            None => 256,
+        };
+        Ok(PyCellCache {
+            inner: CellInner::Plain(
+                CellCache::new(cfg.inner.clone(), n_cells, n_seq_max).py_err()?,
+            ),
+        })
+    }
+
+    /// The runner's face: the sequence verbs and the step gate.
+    fn control(slf: Bound<'_, Self>) -> CellControl {
+        CellControl {
+            cache: slf.unbind(),
+        }
+    }
+
+    /// The backend's face: plan(layer).
+    fn planner(slf: Bound<'_, Self>) -> CellPlanner {
+        CellPlanner {
+            cache: slf.unbind(),
+        }
+    }
+
+    #[getter]
+    fn config(&self) -> PyCacheConfig {
+        PyCacheConfig {
+            inner: self.inner.cells().config().clone(),
+        }
+    }
+    fn seq_new(&mut self) -> PyResult<SeqId> {
+        self.inner.cells_mut().seq_new().py_err()
+    }
+    /// A new sequence owning `src`'s cells with position < `upto` (all when
+    /// None): sets a bit per cell, copies no K/V.
+    #[pyo3(signature = (src, upto=None))]
+    fn seq_clone(
+        &mut self,
+        src: &Bound<'_, PyAny>,
+        upto: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<SeqId> {
+        let src = seq_id(src, "src")?;
+        let upto = opt_index(upto, "upto")?;
+        self.inner.cells_mut().seq_clone(src, upto).py_err()
+    }
+    /// Drops `seq`'s positions in [p0, p1) (p1=None: to the end).
+    #[pyo3(signature = (seq, p0=None, p1=None))]
+    fn seq_rm(
+        &mut self,
+        seq: &Bound<'_, PyAny>,
+        p0: Option<&Bound<'_, PyAny>>,
+        p1: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let seq = seq_id(seq, "seq")?;
+        let p0 = opt_index(p0, "p0")?.unwrap_or(0);
+        let p1 = opt_index(p1, "p1")?;
+        self.inner.cells_mut().seq_rm(seq, p0, p1).py_err()
+    }
+    fn seq_free(&mut self, seq: &Bound<'_, PyAny>) -> PyResult<()> {
+        let seq = seq_id(seq, "seq")?;
+        self.inner.cells_mut().seq_free(seq).py_err()
+    }
+    /// 1 + the highest position `seq` holds (0 when empty).
+    fn next_pos(&self, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.inner.cells().next_pos(seq_id(seq, "seq")?).py_err()
+    }
+    fn seq_len(&self, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.inner.cells().seq_len(seq_id(seq, "seq")?).py_err()
+    }
+    #[getter]
+    fn live_seqs(&self) -> Vec<SeqId> {
+        self.inner.cells().live_seqs()
+    }
+    #[getter]
+    fn free_cells(&self) -> usize {
+        self.inner.cells().free_cells()
+    }
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.cells().capacity()
+    }
+    #[getter]
+    fn n_seq_max(&self) -> usize {
+        self.inner.cells().n_seq_max()
+    }
+    #[getter]
+    fn n_tables(&self) -> usize {
+        self.inner.cells().n_tables()
+    }
+    #[getter]
+    fn step_open(&self) -> bool {
+        self.inner.cells().step_open()
+    }
+    /// Which cell table a layer reads (flat layers: full; ring layers: ring).
+    fn table_of(&self, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.inner.cells().table_of(index(layer, "layer")?).py_err()
+    }
+    #[pyo3(signature = (n=None))]
+    fn can_extend(&self, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let n = opt_index(n, "n")?.unwrap_or(1);
+        Ok(self.inner.cells().can_extend(n))
+    }
+    fn clear(&mut self) {
+        self.inner.cells_mut().clear()
+    }
+    /// Admission and placement, all or nothing: one entry per token.
+    fn begin_step(
+        &mut self,
+        seq_ids: &Bound<'_, PyAny>,
+        positions: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ids = index_list(seq_ids, "seq_ids")?;
+        let ids: Vec<SeqId> = ids
+            .into_iter()
+            .map(|v| {
+                SeqId::try_from(v).map_err(|_| {
+                    make(
+                        "UnknownSequenceError",
+                        format!("seq_ids: sequence {v} was not handed out by this cache"),
+                    )
+                })
+            })
+            .collect::<PyResult<_>>()?;
+        let pos = index_list(positions, "positions")?;
+        match &mut self.inner {
+            CellInner::Plain(c) => c.begin_step(&ids, &pos).py_err(),
+            CellInner::Kv(c) => c.begin_step(&ids, &pos).py_err(),
+        }
+    }
+    fn __repr__(&self) -> String {
+        let c = self.inner.cells();
+        let kind = match self.inner {
+            CellInner::Plain(_) => "CellCache",
+            CellInner::Kv(_) => "KvCellCache",
+        };
+        format!(
+            "{kind}(capacity={}, free_cells={}, live_seqs={:?}, step_open={})",
+            c.capacity(),
+            c.free_cells(),
+            c.live_seqs(),
+            c.step_open()
+        )
+    }
+}
+
+impl PyCellCache {
+    /// The plan object for `layer` of the open step.
+    fn plan_of(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan> {
+        let layer = index(layer, "layer")?;
+        let this = slf.borrow();
+        let c = this.inner.cells();
+        let p = c.plan(layer).py_err()?;
+        Ok(PyCellStepPlan {
+            owner: slf.clone().unbind(),
+            generation: c.generation(),
+            layer,
+            cells: p.cells().iter().map(|&x| x as i32).collect(),
+            positions: p.positions().to_vec(),
+            seq_ids: p.seq_ids().to_vec(),
+            read_len: p.read_len(),
+            window: p.window(),
+            table: p.table(),
+        })
+    }
+}
+
+/// A CellCache plus per-layer K/V pools.
+#[pyclass(module = "offgraph_kv", name = "KvCellCache", extends = PyCellCache)]
+pub struct PyKvCellCache;
+
+fn kv_cells_mut(base: &mut PyCellCache) -> PyResult<&mut KvCellCache> {
+    match &mut base.inner {
+        CellInner::Kv(c) => Ok(c),
+        CellInner::Plain(_) => Err(make("StepError", "not a KvCellCache")),
+    }
+}
+
+#[pymethods]
+impl PyKvCellCache {
+    #[new]
+    #[pyo3(signature = (cfg, n_cells, n_seq_max=None))]
+    fn new(
+        cfg: PyRef<'_, PyCacheConfig>,
+        n_cells: &Bound<'_, PyAny>,
+        n_seq_max: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let n_cells = crate::args::index_with(n_cells, "n_cells", crate::errors::config_err)?;
+        let n_seq_max = match n_seq_max.filter(|o| !o.is_none()) {
+            Some(o) => crate::args::index_with(o, "n_seq_max", crate::errors::config_err)?,
+            None => 256,
+        };
+        let kv = KvCellCache::new(cfg.inner.clone(), n_cells, n_seq_max).py_err()?;
+        Ok(PyClassInitializer::from(PyCellCache {
+            inner: CellInner::Kv(kv),
+        })
+        .add_subclass(PyKvCellCache))
+    }
+
+    /// Writes the open step's rows of `layer` to the tokens' cells and returns
+    /// the AttendSpec. `k`, `v`: float32 `[n_kv_heads, T, head_dim]`.
+    fn update(
+        slf: Bound<'_, Self>,
+        layer: &Bound<'_, PyAny>,
+        k: &Bound<'_, PyAny>,
+        v: &Bound<'_, PyAny>,
+    ) -> PyResult<PyAttendSpec> {
+        let layer = index(layer, "layer")?;
+        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let mut this = slf.borrow_mut();
+        let cache = kv_cells_mut(this.as_super())?;
+        let plan = cache.plan(layer).py_err()?;
+        let t = plan.n_tokens();
+        let l = *cache.config().layer(layer).py_err()?;
+        let (mut kb, mut vb) = (Vec::new(), Vec::new());
+        crate::args::f32_rows(k, "k", l.n_kv_heads, l.head_dim, Some(t), &mut kb)?;
+        crate::args::f32_rows(v, "v", l.n_kv_heads, l.head_dim, Some(t), &mut vb)?;
+        cache.update(layer, &kb, &vb).py_err()?;
+        PyAttendSpec::from_cells(owner, cache, layer)
+    }
+
+    /// The open step's spec for `layer`, without writing.
+    fn spec(slf: Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
+        let layer = index(layer, "layer")?;
+        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let mut this = slf.borrow_mut();
+        let cache = kv_cells_mut(this.as_super())?;
+        cache.prepare_spec(layer).py_err()?;
+        PyAttendSpec::from_cells(owner, cache, layer)
+    }
+
+    #[pyo3(signature = (layer=None))]
+    fn nbytes(mut slf: PyRefMut<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let layer = opt_index(layer, "layer")?;
+        let cache = kv_cells_mut(slf.as_super())?;
+        match layer {
+            Some(l) => cache.nbytes(l).py_err(),
+            None => Ok(cache.nbytes_total()),
+        }
+    }
+
+    fn pool_slots(mut slf: PyRefMut<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let layer = index(layer, "layer")?;
+        Ok(kv_cells_mut(slf.as_super())?.pool(layer).py_err()?.slots())
+    }
+}
+
+/// The runner's face of a cell cache.
+#[pyclass(module = "offgraph_kv")]
+pub struct CellControl {
+    cache: Py<PyCellCache>,
+}
+
+#[pymethods]
+impl CellControl {
+    #[getter]
+    fn cache(&self, py: Python<'_>) -> Py<PyCellCache> {
+        self.cache.clone_ref(py)
+    }
+    fn seq_new(&self, py: Python<'_>) -> PyResult<SeqId> {
+        self.cache.borrow_mut(py).seq_new()
+    }
+    #[pyo3(signature = (src, upto=None))]
+    fn seq_clone(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        upto: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<SeqId> {
+        self.cache.borrow_mut(py).seq_clone(src, upto)
+    }
+    #[pyo3(signature = (seq, p0=None, p1=None))]
+    fn seq_rm(
+        &self,
+        py: Python<'_>,
+        seq: &Bound<'_, PyAny>,
+        p0: Option<&Bound<'_, PyAny>>,
+        p1: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.cache.borrow_mut(py).seq_rm(seq, p0, p1)
+    }
+    fn seq_free(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.cache.borrow_mut(py).seq_free(seq)
+    }
+    fn next_pos(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.cache.borrow(py).next_pos(seq)
+    }
+    fn seq_len(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.cache.borrow(py).seq_len(seq)
+    }
+    #[getter]
+    fn free_cells(&self, py: Python<'_>) -> usize {
+        self.cache.borrow(py).free_cells()
+    }
+    #[getter]
+    fn capacity(&self, py: Python<'_>) -> usize {
+        self.cache.borrow(py).capacity()
+    }
+    #[getter]
+    fn live_seqs(&self, py: Python<'_>) -> Vec<SeqId> {
+        self.cache.borrow(py).live_seqs()
+    }
+    #[pyo3(signature = (n=None))]
+    fn can_extend(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        self.cache.borrow(py).can_extend(n)
+    }
+    fn clear(&self, py: Python<'_>) {
+        self.cache.borrow_mut(py).clear()
+    }
+    fn begin_step(
+        &self,
+        py: Python<'_>,
+        seq_ids: &Bound<'_, PyAny>,
+        positions: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.cache.borrow_mut(py).begin_step(seq_ids, positions)
+    }
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!("CellControl({})", self.cache.borrow(py).__repr__())
+    }
+}
+
+/// The backend's face of a cell cache.
+#[pyclass(module = "offgraph_kv")]
+pub struct CellPlanner {
+    cache: Py<PyCellCache>,
+}
+
+#[pymethods]
+impl CellPlanner {
+    fn plan(&self, py: Python<'_>, layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan> {
+        PyCellCache::plan_of(self.cache.bind(py), layer)
+    }
+    #[getter]
+    fn cache(&self, py: Python<'_>) -> Py<PyCellCache> {
+        self.cache.clone_ref(py)
+    }
+}
+
+/// One layer's view of an open cell step. `cells` is a snapshot; `mask` and
+/// `visible(i)` read the cache and raise `StepError` once the step is closed.
+#[pyclass(module = "offgraph_kv", name = "CellStepPlan", frozen)]
+pub struct PyCellStepPlan {
+    owner: Py<PyCellCache>,
+    generation: u64,
+    layer: usize,
+    cells: Vec<i32>,
+    positions: Vec<usize>,
+    seq_ids: Vec<SeqId>,
+    read_len: usize,
+    window: Option<usize>,
+    table: usize,
+}
+
+fn stale(layer: usize) -> PyErr {
+    make(
+        "StepError",
+        format!("the step this object was made for (layer {layer}) has been closed"),
+    )
+}
+
+/// The dense `[T, read_len]` bool mask of `layer` for the open step of `owner`.
+pub fn dense_mask_py<'py>(
+    py: Python<'py>,
+    owner: &Py<PyCellCache>,
+    generation: u64,
+    layer: usize,
+) -> PyResult<Bound<'py, PyArray2<bool>>> {
+    let mut c = owner.borrow_mut(py);
+    if c.inner.cells().generation() != generation {
+        return Err(stale(layer));
+    }
+    let (t, read_len) = {
+        let p = c.inner.cells().plan(layer).py_err()?;
+        (p.n_tokens(), p.read_len())
+    };
+    let bytes = c.inner.dense_mask(layer).py_err()?;
+    let flat: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
+    PyArray1::from_vec(py, flat).reshape([t, read_len])
+}
+
+#[pymethods]
+impl PyCellStepPlan {
+    /// int32 `[T]`: the cell each token writes (in this layer's table).
+    #[getter]
+    fn cells<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        PyArray1::from_slice(py, &self.cells)
+    }
+    #[getter]
+    fn positions(&self) -> Vec<usize> {
+        self.positions.clone()
+    }
+    #[getter]
+    fn seq_ids(&self) -> Vec<SeqId> {
+        self.seq_ids.clone()
+    }
+    #[getter]
+    fn n_tokens(&self) -> usize {
+        self.positions.len()
+    }
+    /// Cells `[0, read_len)` are the read extent.
+    #[getter]
+    fn read_len(&self) -> usize {
+        self.read_len
+    }
+    #[getter]
+    fn window(&self) -> Option<usize> {
+        self.window
+    }
+    #[getter]
+    fn table(&self) -> usize {
+        self.table
+    }
+    /// bool `[T, read_len]`: token i sees cell j.
+    #[getter]
+    fn mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<bool>>> {
+        dense_mask_py(py, &self.owner, self.generation, self.layer)
+    }
+    /// Token i's visible cells as sorted runs `(start, length)`.
+    fn visible(&self, py: Python<'_>, i: &Bound<'_, PyAny>) -> PyResult<Vec<(usize, usize)>> {
+        let i = index(i, "i")?;
+        let c = self.owner.borrow(py);
+        if c.inner.cells().generation() != self.generation {
+            return Err(stale(self.layer));
+        }
+        let p = c.inner.cells().plan(self.layer).py_err()?;
+        Ok(runs_py(&p.visible(i).py_err()?))
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "CellStepPlan(layer={}, cells={:?}, positions={:?}, seq_ids={:?}, read_len={}, window={})",
+            self.layer, self.cells, self.positions, self.seq_ids, self.read_len, crate::args::py_opt(self.window)
+        )
+    }
+}
