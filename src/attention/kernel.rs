@@ -21,7 +21,6 @@ use crate::runs::Run;
 pub(crate) const RB: usize = 32;
 /// Keys per tile.
 pub(crate) const KT: usize = 32;
-const PREFETCH: bool = true;
 
 /// The ISA-specific micro-kernels.
 pub(crate) trait Isa: Copy {
@@ -39,9 +38,16 @@ pub(crate) trait Isa: Copy {
     /// `nr * hd` floats, `nk <= KT`, and the CPU supports the ISA.
     unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32);
 
-    /// Hint that `[p, p + bytes)` will be read soon. Never dereferences.
+    /// One row's softmax step over a score tile: lanes outside `[va, vb)`
+    /// become 0, the others `exp2(s - mn)` with `mn = max(m_old, max of the
+    /// visible lanes)`; returns `(mn, Σ p)`.
+    ///
+    /// # Safety
+    /// `va < vb <= KT`, and the CPU supports the ISA.
     #[inline(always)]
-    fn prefetch(_p: *const f32, _bytes: usize) {}
+    unsafe fn softmax_row(row: &mut [f32; KT], va: usize, vb: usize, m_old: f32) -> (f32, f32) {
+        softmax_row_portable(row, va, vb, m_old)
+    }
 }
 
 /// One unit of work: query rows of one KV head against key segments.
@@ -126,12 +132,6 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
             let row0 = seg.start + (j - seg_lo);
             let kt = &b.k[row0 * hd..(row0 + nk) * hd];
             let vt = &b.v[row0 * hd..(row0 + nk) * hd];
-            // Prefetch the next tile of this segment (never past it).
-            let next = (e - j - nk).min(KT);
-            let nrow = row0 + nk;
-            if PREFETCH && next > 0 {
-                I::prefetch(b.k[nrow * hd..].as_ptr(), next * hd * 4);
-            }
             // SAFETY: qs has nr*hd floats, kt has nk*hd, sc has RB*KT >= nr*KT; nk <= KT.
             unsafe { I::scores(b.qs.as_ptr(), nr, kt.as_ptr(), nk, hd, st.sc.as_mut_ptr()) };
             let mut any = false;
@@ -144,26 +144,12 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
                     row.fill(0.0);
                     continue;
                 }
-                // Fixed-width (KT) lane-wise passes so each vectorises: mask
-                // (including the unused tail of a short tile), max, exp2, sum.
-                let mut mx = [f32::NEG_INFINITY; 16];
-                for (jj, s) in row.iter_mut().enumerate() {
-                    let idx = j + jj;
-                    if jj >= nk || idx < lo || idx >= hi {
-                        *s = f32::NEG_INFINITY;
-                    }
-                    mx[jj % 16] = mx[jj % 16].max(*s);
-                }
-                let mt = mx.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                // Visible keys of this tile, as lanes [va, vb) of the row.
+                let va = lo.saturating_sub(j);
+                let vb = (hi - j).min(nk);
                 let m_old = st.m[r];
-                let mn = m_old.max(mt);
-                let mut sums = [0.0f32; 16];
-                for (jj, s) in row.iter_mut().enumerate() {
-                    let p = exp2(*s - mn);
-                    *s = p;
-                    sums[jj % 16] += p;
-                }
-                let sum: f32 = sums.iter().sum();
+                // SAFETY: lo < j + nk and hi > j, so va < vb <= nk <= KT; CPU per our contract.
+                let (mn, sum) = unsafe { I::softmax_row(row, va, vb, m_old) };
                 if m_old == f32::NEG_INFINITY {
                     st.l[r] = sum;
                 } else if mn > m_old {
@@ -178,9 +164,6 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
                 st.m[r] = mn;
                 any = true;
             }
-            if PREFETCH && next > 0 {
-                I::prefetch(b.v[nrow * hd..].as_ptr(), next * hd * 4);
-            }
             if any {
                 // SAFETY: sc has nr*KT floats, vt nk*hd, acc nr*hd; nk <= KT.
                 unsafe { I::pv(st.sc.as_ptr(), nr, vt.as_ptr(), nk, hd, st.acc.as_mut_ptr()) };
@@ -188,6 +171,30 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
             j += nk;
         }
     }
+}
+
+/// Portable tile softmax step: lanes outside `[va, vb)` become 0, the others
+/// `exp2(s - mn)` with `mn = max(m_old, max of the visible lanes)`; returns
+/// `(mn, Σ p)`. `va < vb <= KT`.
+#[inline(always)]
+fn softmax_row_portable(row: &mut [f32; KT], va: usize, vb: usize, m_old: f32) -> (f32, f32) {
+    // Fixed-width (KT) lane-wise passes so each can vectorise.
+    let mut mx = [f32::NEG_INFINITY; 16];
+    for (jj, s) in row.iter_mut().enumerate() {
+        if jj < va || jj >= vb {
+            *s = f32::NEG_INFINITY;
+        }
+        mx[jj % 16] = mx[jj % 16].max(*s);
+    }
+    let mt = mx.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let mn = m_old.max(mt);
+    let mut sums = [0.0f32; 16];
+    for (jj, s) in row.iter_mut().enumerate() {
+        let p = exp2(*s - mn);
+        *s = p;
+        sums[jj % 16] += p;
+    }
+    (mn, sums.iter().sum())
 }
 
 /// Portable micro-kernels; they autovectorise when compiled inside a
@@ -319,6 +326,42 @@ pub(crate) mod avx512 {
         }
     }
 
+    /// Bytes ahead of the current K / V line that the kernels prefetch (one
+    /// line per line consumed, issued inside the FMA loops).
+    const PF_BYTES: usize = 4 * KT * 128;
+
+    #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        // SAFETY: a prefetch is a hint that never faults; the address is only computed.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(PF_BYTES)) };
+    }
+
+    /// `2^x` lane-wise, like `super::exp2`: NaN and x below -150 give 0 (between
+    /// -150 and -126 a denormal instead of 0).
+    #[inline(always)]
+    unsafe fn exp2_ps(x: __m512) -> __m512 {
+        // SAFETY (whole fn): register-only AVX-512F ops; the caller runs with AVX-512F.
+        unsafe {
+            // max_ps returns the second operand when x is NaN.
+            let x = _mm512_max_ps(x, _mm512_set1_ps(-160.0));
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            let f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(std::f32::consts::LN_2));
+            let mut p = _mm512_set1_ps(1.0 / 5040.0);
+            for c in [
+                1.0 / 720.0,
+                1.0 / 120.0,
+                1.0 / 24.0,
+                1.0 / 6.0,
+                0.5,
+                1.0,
+                1.0,
+            ] {
+                p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+            }
+            _mm512_scalef_ps(p, n)
+        }
+    }
+
     impl Isa for Avx512 {
         #[inline(always)]
         unsafe fn scores(
@@ -333,6 +376,8 @@ pub(crate) mod avx512 {
             let tm = tail_mask(hd % 16);
             let mut r0 = 0;
             while r0 < nr {
+                // The first row block streams the tile: it prefetches ahead.
+                let pf = r0 == 0;
                 // Rows/keys past the edge repeat the last valid one (valid memory,
                 // results dropped), so the 4×4 block shape is fixed.
                 let qp: [*const f32; 4] =
@@ -356,6 +401,9 @@ pub(crate) mod avx512 {
                             ];
                             for jj in 0..4 {
                                 let kv = _mm512_loadu_ps(kp[jj].add(o));
+                                if pf {
+                                    prefetch(kp[jj].add(o));
+                                }
                                 for i in 0..4 {
                                     acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
                                 }
@@ -402,8 +450,8 @@ pub(crate) mod avx512 {
                 // per the contract of `pv`.
                 unsafe {
                     match nr - r0 {
-                        1 => pv_rows::<1>(pr, v, nk, hd, ar),
-                        _ => pv_rows::<2>(pr, v, nk, hd, ar),
+                        1 => pv_rows::<1>(pr, v, nk, hd, ar, r0 == 0),
+                        _ => pv_rows::<2>(pr, v, nk, hd, ar, r0 == 0),
                     }
                 }
                 r0 += 2;
@@ -411,20 +459,38 @@ pub(crate) mod avx512 {
         }
 
         #[inline(always)]
-        fn prefetch(p: *const f32, bytes: usize) {
-            let p = p.cast::<i8>();
-            let mut off = 0;
-            while off < bytes {
-                // SAFETY: prefetch is a hint that never faults; the address is only computed.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
-                off += 64;
+        unsafe fn softmax_row(row: &mut [f32; KT], va: usize, vb: usize, m_old: f32) -> (f32, f32) {
+            const NV: usize = KT / 16;
+            // Lanes [va, vb) of the KT-lane row (KT <= 64).
+            let bits: u64 = (u64::MAX >> (64 - vb)) & !((1u64 << va) - 1);
+            let rp = row.as_mut_ptr();
+            // SAFETY: row holds KT = 16·NV floats; register ops otherwise; the
+            // caller runs with AVX-512F (trait contract).
+            unsafe {
+                let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+                let mut s = [ninf; NV];
+                let mut mx = ninf;
+                for (v, sv) in s.iter_mut().enumerate() {
+                    let k = (bits >> (16 * v)) as __mmask16;
+                    *sv = _mm512_mask_loadu_ps(ninf, k, rp.add(16 * v));
+                    mx = _mm512_max_ps(mx, *sv);
+                }
+                let mn = m_old.max(_mm512_reduce_max_ps(mx));
+                let mb = _mm512_set1_ps(mn);
+                let mut sum = _mm512_setzero_ps();
+                for (v, sv) in s.iter().enumerate() {
+                    let p = exp2_ps(_mm512_sub_ps(*sv, mb));
+                    sum = _mm512_add_ps(sum, p);
+                    _mm512_storeu_ps(rp.add(16 * v), p);
+                }
+                (mn, _mm512_reduce_add_ps(sum))
             }
         }
     }
 
     /// `acc[i] += Σ_j p[i*KT + j] · v[j]` for `R` rows, 128 columns per pass held
     /// in 8·R registers (a whole head_dim-128 V row per load sweep, so V is read
-    /// row-sequentially), masked 16-column tail.
+    /// row-sequentially), masked 16-column tail. `pf`: prefetch ahead of V.
     #[inline(always)]
     unsafe fn pv_rows<const R: usize>(
         p: *const f32,
@@ -432,6 +498,7 @@ pub(crate) mod avx512 {
         nk: usize,
         hd: usize,
         acc: *mut f32,
+        pf: bool,
     ) {
         // SAFETY (whole fn): p has R rows of KT floats, v has nk rows of hd floats,
         // acc has R rows of hd floats; every offset below is < those bounds, the
@@ -448,6 +515,11 @@ pub(crate) mod avx512 {
                 for j in 0..nk {
                     let vr = v.add(j * hd + d);
                     let x: [__m512; 8] = core::array::from_fn(|c| _mm512_loadu_ps(vr.add(16 * c)));
+                    if pf {
+                        for c in 0..8 {
+                            prefetch(vr.add(16 * c));
+                        }
+                    }
                     for (i, ai) in a.iter_mut().enumerate() {
                         let pb = _mm512_set1_ps(*p.add(i * KT + j));
                         for c in 0..8 {
