@@ -19,8 +19,8 @@ use crate::runs::Run;
 
 /// Query rows per block.
 pub(crate) const RB: usize = 32;
-/// Keys per tile.
-pub(crate) const KT: usize = 32;
+/// Keys per tile. 64 vs 32: prefill 47 vs 48-49 ms, decode within noise.
+pub(crate) const KT: usize = 64;
 
 /// The ISA-specific micro-kernels.
 pub(crate) trait Isa: Copy {
@@ -328,9 +328,12 @@ pub(crate) mod avx512 {
 
     /// Bytes ahead of the current K / V line that the kernels prefetch (one
     /// line per line consumed, issued inside the FMA loops), into L2 (T1).
-    /// Measured (decode ctx 8192, 1 thread, cold): T0 at 1, 2 or 4 tiles ahead
-    /// 6.8-7.0 ms, NTA 7.0 ms; T1 at 1-2 tiles 4.4-4.5 ms, 3 tiles 4.8 ms; T2 4.6 ms
-    /// (read floor 3.0 ms). Prefetching into L1 fills its few miss buffers.
+    /// Measured with 32-key tiles (decode ctx 8192, 1 thread, cold): T0 at 16,
+    /// 32 or 64 KiB ahead 6.8-7.0 ms, NTA 7.0 ms; T1 at 16-32 KiB 4.4-4.5 ms,
+    /// 48 KiB 4.8 ms; T2 4.6 ms (read floor 3.0 ms). Prefetching into L1 fills
+    /// its few miss buffers; adding a second, short-distance T0 prefetch (1 or
+    /// 4 KiB) on top of T1 made no measurable difference. With 64-key tiles
+    /// this is one tile (32 KiB) ahead.
     const PF_BYTES: usize = 4 * KT * 128;
 
     #[inline(always)]
@@ -454,10 +457,12 @@ pub(crate) mod avx512 {
                 unsafe {
                     match nr - r0 {
                         1 => pv_rows::<1>(pr, v, nk, hd, ar, r0 == 0),
-                        _ => pv_rows::<2>(pr, v, nk, hd, ar, r0 == 0),
+                        2 => pv_rows::<2>(pr, v, nk, hd, ar, r0 == 0),
+                        3 => pv_rows::<3>(pr, v, nk, hd, ar, r0 == 0),
+                        _ => pv_rows::<4>(pr, v, nk, hd, ar, r0 == 0),
                     }
                 }
-                r0 += 2;
+                r0 += 4;
             }
         }
 
@@ -491,9 +496,10 @@ pub(crate) mod avx512 {
         }
     }
 
-    /// `acc[i] += Σ_j p[i*KT + j] · v[j]` for `R` rows, 128 columns per pass held
-    /// in 8·R registers (a whole head_dim-128 V row per load sweep, so V is read
-    /// row-sequentially), masked 16-column tail. `pf`: prefetch ahead of V.
+    /// `acc[i] += Σ_j p[i*KT + j] · v[j]` for `R <= 4` rows, 64 columns per
+    /// pass held in 4·R registers, so each V line is loaded once for all R rows
+    /// (and, for R = 4, a decode GQA group of 4 reads V from L2 exactly once);
+    /// masked 16-column tail. `pf`: prefetch ahead of V.
     #[inline(always)]
     unsafe fn pv_rows<const R: usize>(
         p: *const f32,
@@ -508,8 +514,8 @@ pub(crate) mod avx512 {
         // tail uses masked loads/stores.
         unsafe {
             let mut d = 0;
-            while d + 128 <= hd {
-                let mut a = [[_mm512_setzero_ps(); 8]; R];
+            while d + 64 <= hd {
+                let mut a = [[_mm512_setzero_ps(); 4]; R];
                 for (i, ai) in a.iter_mut().enumerate() {
                     for (c, x) in ai.iter_mut().enumerate() {
                         *x = _mm512_loadu_ps(acc.add(i * hd + d + 16 * c));
@@ -517,15 +523,15 @@ pub(crate) mod avx512 {
                 }
                 for j in 0..nk {
                     let vr = v.add(j * hd + d);
-                    let x: [__m512; 8] = core::array::from_fn(|c| _mm512_loadu_ps(vr.add(16 * c)));
+                    let x: [__m512; 4] = core::array::from_fn(|c| _mm512_loadu_ps(vr.add(16 * c)));
                     if pf {
-                        for c in 0..8 {
+                        for c in 0..4 {
                             prefetch(vr.add(16 * c));
                         }
                     }
                     for (i, ai) in a.iter_mut().enumerate() {
                         let pb = _mm512_set1_ps(*p.add(i * KT + j));
-                        for c in 0..8 {
+                        for c in 0..4 {
                             ai[c] = _mm512_fmadd_ps(pb, x[c], ai[c]);
                         }
                     }
@@ -535,7 +541,7 @@ pub(crate) mod avx512 {
                         _mm512_storeu_ps(acc.add(i * hd + d + 16 * c), *x);
                     }
                 }
-                d += 128;
+                d += 64;
             }
             while d < hd {
                 let m = tail_mask(hd - d);
