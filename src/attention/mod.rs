@@ -25,9 +25,10 @@
 //! Allocation: [`attend_into`] writes into the caller's buffer. Per-thread
 //! scratch (scaled queries, accumulators, score tiles) is thread-local and only
 //! grows, so a single-threaded call allocates nothing once warm; a multi-thread
-//! call pays the scoped-thread spawns (not measured separately; they are inside
-//! the 2-thread benchmark figures), and a key-split call one buffer of
-//! partial states.
+//! call pays the scoped-thread spawns (one `std::thread::scope` spawn + join of
+//! an empty closure measured ~30 µs on the loaded 2-core machine, i.e. ~10% of
+//! a 1-thread decode at ctx 512; no persistent pool yet), and a key-split call
+//! one buffer of partial states.
 
 mod kernel;
 #[cfg(feature = "xnnpack")]
@@ -172,21 +173,23 @@ pub fn attend_into(
 ///
 /// Measured with `benches/attention.rs` (`ATTN_BENCH_QUICK=1`) on the 2-core
 /// AVX-512 machine (8 KV heads, 32 query heads, head_dim 128, cold cache,
-/// medians; the machine was shared, load average ~3, so 2-thread figures are
-/// unreliable):
+/// medians; the machine was shared, load average ~2-3, so 2-thread figures are
+/// unreliable). `native` after the L2-prefetch / vector-softmax rework (two runs,
+/// same binary run alternately with the previous kernel); `xnnpack` from the
+/// earlier run (its code is unchanged):
 ///
-/// | shape                    | native  | xnnpack | read floor |
-/// |--------------------------|---------|---------|------------|
-/// | decode ctx 512, 1 thr    | 0.69 ms | 2.26 ms | 0.23 ms    |
-/// | decode ctx 2048, 1 thr   | 2.84 ms | 8.44 ms | 1.08 ms    |
-/// | decode ctx 8192, 1 thr   | 8.4–12 ms | 24–40 ms | 2.8–4.0 ms |
-/// | prefill T=128/2048, 1 thr| 146–152 ms | 172–192 ms | FMA bound 38–55 ms |
-/// | prefill T=128/2048, 2 thr| 125–150 ms | 59–129 ms | FMA bound 19–28 ms |
+/// | shape                    | native (before) | native  | xnnpack | read floor |
+/// |--------------------------|-----------------|---------|---------|------------|
+/// | decode ctx 512, 1 thr    | 0.54–0.55 ms | 0.29–0.30 ms | 2.26 ms | 0.19–0.21 ms |
+/// | decode ctx 2048, 1 thr   | 2.13–2.16 ms | 1.15–1.20 ms | 8.44 ms | 0.77–0.79 ms |
+/// | decode ctx 8192, 1 thr   | 8.0–8.3 ms   | 4.2–4.4 ms   | 24–40 ms | 2.85–2.96 ms |
+/// | prefill T=128/2048, 1 thr| 94–95 ms     | 47.6–47.9 ms | 172–192 ms | FMA bound 35.5 ms |
+/// | prefill T=128/2048, 2 thr| 81–87 ms     | 42.2 ms      | 59–129 ms | FMA bound 17.8 ms |
 ///
-/// Native wins every decode shape by ~3× and 1-thread prefill by ~15%; the
-/// 2-thread prefill comparison flipped between two runs under load, so there is
-/// no crossover we can stand behind yet and `auto` picks `native` everywhere.
-/// Re-measure 2-thread prefill on a quiet machine before adding a rule for it.
+/// Native wins every decode shape by ~5× and prefill at 1 thread by ~3.5×; at
+/// 2 threads under load xnnpack's earlier 59–129 ms never beat native's 42 ms,
+/// so `auto` picks `native` everywhere. Re-measure 2-thread shapes on a quiet
+/// machine before adding a rule.
 pub fn resolve_backend(
     _q_shape: [usize; 3],
     _spec: &AttendSpec<'_>,
