@@ -1,6 +1,7 @@
 """attend() against a float64 numpy reference over flat, ring (two read runs)
 and cell steps, both backends; dead rows poisoned with NaN; refusals."""
 
+import sys
 import threading
 
 import numpy as np
@@ -153,16 +154,20 @@ def test_refusals():
 
 
 def test_attend_releases_the_gil():
-    """Two threads attending at once both finish, and the GIL is not held:
-    a pure-Python counter thread keeps running while attend computes."""
+    """A pure-Python counter thread keeps running while attend computes: with
+    the GIL held it could only run between switch intervals."""
+    import time
+
     heads, dim, ctx = 8, 128, 4096
     cfg = okv.CacheConfig(ctx, 1, okv.LayerConfig(okv.Flat(), heads, dim), max_step=512)
     kv = okv.KvSequenceCache(cfg)
     rows = np.ones((heads, 512, dim), np.float32)
-    for _ in range(ctx // 512):
+    for _ in range(ctx // 512 - 1):
         kv.begin_step(512)
-        spec = kv.update(0, rows, rows)
-    q = np.ones((heads * 4, 512, dim), np.float32)
+        kv.update(0, rows, rows)
+    kv.begin_step(128)
+    spec = kv.update(0, rows[:, :128], rows[:, :128])
+    q = np.ones((heads * 4, 128, dim), np.float32)
     ticks = [0]
     done = threading.Event()
 
@@ -170,9 +175,18 @@ def test_attend_releases_the_gil():
         while not done.is_set():
             ticks[0] += 1
 
-    counter = threading.Thread(target=count)
+    counter = threading.Thread(target=count, daemon=True)
     counter.start()
-    okv.attend(q, spec, threads=1)
-    done.set()
-    counter.join()
-    assert ticks[0] > 1000
+    try:
+        time.sleep(0.2)  # the counter runs alone: calibrate its rate
+        rate = ticks[0] / 0.2
+        before, t0 = ticks[0], time.perf_counter()
+        okv.attend(q, spec, threads=1)
+        elapsed, during = time.perf_counter() - t0, ticks[0] - before
+    finally:
+        done.set()
+        counter.join()
+    # Held GIL: the counter would get ~2 switch intervals (10 ms) of the call.
+    held_bound = rate * 2 * sys.getswitchinterval() * 2
+    assert elapsed > 8 * sys.getswitchinterval(), "the call is too short to tell"
+    assert during > max(held_bound, 0.25 * rate * elapsed)
