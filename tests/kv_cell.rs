@@ -208,3 +208,19 @@ fn bad_rows_write_nothing_and_stale_layers_are_refused() {
         Err(CacheError::StepProtocol(_))
     ));
 }
+
+#[test]
+fn shared_cells_counts_cells_owned_by_forks() {
+    let cfg = CacheConfig::new(64, 1, vec![LayerConfig::new(LayerPolicy::Flat, 1, 2)]);
+    let mut c = KvCellCache::new(cfg, 16, 4).unwrap();
+    let s = c.cells_mut().seq_new().unwrap();
+    c.begin_step(&[s, s, s], &[0, 1, 2]).unwrap();
+    assert_eq!(c.cells().shared_cells(0).unwrap(), 0);
+    let t = c.cells_mut().seq_clone(s, Some(2)).unwrap();
+    assert_eq!(c.cells().shared_cells(0).unwrap(), 2);
+    c.begin_step(&[t], &[2]).unwrap();
+    assert_eq!(c.cells().shared_cells(0).unwrap(), 2);
+    c.cells_mut().seq_free(s).unwrap();
+    assert_eq!(c.cells().shared_cells(0).unwrap(), 0);
+    assert!(c.cells().shared_cells(1).is_err());
+}

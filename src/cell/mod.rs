@@ -570,6 +570,19 @@ impl CellCache {
         })?;
         Ok((p != FREE).then_some(p))
     }
+    /// Cells of `table` owned by two sequences or more (shared by forks).
+    /// O(n_cells x owner words): a statistic, not for the hot path.
+    pub fn shared_cells(&self, table: usize) -> Result<usize> {
+        let t = self.table_ref(table)?;
+        let mut shared = 0;
+        for cell in 0..self.n_cells {
+            let owners: u32 = t.owner_words(cell).iter().map(|w| w.count_ones()).sum();
+            if owners >= 2 {
+                shared += 1;
+            }
+        }
+        Ok(shared)
+    }
 
     /// The ids owning cell `cell` of `table`, in slot order.
     pub fn cell_owners(&self, table: usize, cell: usize) -> Result<Vec<SeqId>> {

@@ -162,6 +162,12 @@ impl PyCellCache {
     fn step_open(&self) -> bool {
         self.inner.cells().step_open()
     }
+    /// Cells owned by two sequences or more, in `table` (default: table 0).
+    #[pyo3(signature = (table=None))]
+    fn shared_cells(&self, table: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let table = opt_index(table, "table")?.unwrap_or(0);
+        self.inner.cells().shared_cells(table).py_err()
+    }
     /// Which cell table a layer reads (flat layers: full; ring layers: ring).
     fn table_of(&self, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
         self.inner.cells().table_of(index(layer, "layer")?).py_err()
