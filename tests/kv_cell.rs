@@ -211,7 +211,8 @@ fn bad_rows_write_nothing_and_stale_layers_are_refused() {
 
 #[test]
 fn shared_cells_counts_cells_owned_by_forks() {
-    let cfg = CacheConfig::new(64, 1, vec![LayerConfig::new(LayerPolicy::Flat, 1, 2)]);
+    let mut cfg = CacheConfig::new(64, 1, vec![LayerConfig::new(LayerPolicy::Flat, 1, 2)]);
+    cfg.max_step = 4;
     let mut c = KvCellCache::new(cfg, 16, 4).unwrap();
     let s = c.cells_mut().seq_new().unwrap();
     c.begin_step(&[s, s, s], &[0, 1, 2]).unwrap();
