@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/setup.sh
-echo "==> offgraph-kv plans"
-offgraph-kv plans "$@"
+echo "==> offgraph-kv demo"
+offgraph-kv demo "$@"

@@ -85,9 +85,81 @@ def cmd_plans(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    from .demo_model import DemoConfig
+
+    if args.n_q_heads % args.n_kv_heads:
+        args.parser.error(
+            f"--q-heads ({args.n_q_heads}) must be a multiple of --kv-heads ({args.n_kv_heads})"
+        )
+    if args.window > args.prefix + args.decode:
+        args.parser.error(
+            f"--window ({args.window}) must be at most --prefix + --decode "
+            f"({args.prefix + args.decode})"
+        )
+    cfg = DemoConfig(
+        n_layers=args.layers,
+        window=args.window,
+        hidden=args.hidden,
+        n_q_heads=args.n_q_heads,
+        n_kv_heads=args.n_kv_heads,
+        head_dim=args.head_dim,
+        vocab=args.vocab,
+        seed=args.seed,
+    )
+    print(
+        f"offgraph-kv demo: {args.seqs} sequences share a {args.prefix}-token prefix, then decode "
+        f"{args.decode} tokens each\nmodel: {cfg.n_layers} layers (ring window {cfg.window} : flat"
+        f" = 5:1), {cfg.n_q_heads} query / {cfg.n_kv_heads} KV heads x {cfg.head_dim}, hidden "
+        f"{cfg.hidden}, random weights (seed {cfg.seed})",
+        flush=True,
+    )
+    res = run_demo(
+        cfg,
+        n_seqs=args.seqs,
+        prefix=args.prefix,
+        decode=args.decode,
+        chunk=args.chunk,
+        check_seqs=args.check_seqs,
+        threads=args.threads,
+        backend=args.backend,
+        progress=not args.no_progress,
+    )
+    print(res.table())
+    if args.json:
+        import json
+        from dataclasses import asdict
+
+        with open(args.json, "w") as f:
+            json.dump(asdict(res), f)
+    ok = res.max_error <= 1e-4
+    print(f"spot check {'passed' if ok else 'FAILED'} (tolerance 1e-4 relative)")
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offgraph-kv", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="serve many forked sequences end to end (the main job)")
+    demo.add_argument("--seqs", type=_positive, default=16, help="sequences N (default 16)")
+    demo.add_argument("--decode", type=_positive, default=64, help="tokens each decodes (64)")
+    demo.add_argument("--prefix", type=_positive, default=1024, help="shared prefix tokens (1024)")
+    demo.add_argument("--chunk", type=_positive, default=256, help="prefill chunk (256)")
+    demo.add_argument("--layers", type=_positive, default=12, help="layers (12)")
+    demo.add_argument("--window", type=_positive, default=256, help="ring window (256)")
+    demo.add_argument("--hidden", type=_positive, default=1024, help="hidden size (1024)")
+    demo.add_argument("--q-heads", dest="n_q_heads", type=_positive, default=16)
+    demo.add_argument("--kv-heads", dest="n_kv_heads", type=_positive, default=4)
+    demo.add_argument("--head-dim", type=_positive, default=64)
+    demo.add_argument("--vocab", type=_positive, default=1024)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--check-seqs", type=int, default=2, help="sequences spot-checked (2)")
+    demo.add_argument("--threads", type=_positive, default=None, help="attention threads")
+    demo.add_argument("--backend", choices=["auto", "native", "xnnpack"], default="auto")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument("--json", default=None, help="also write the results to this JSON file")
+    demo.set_defaults(func=cmd_demo, parser=demo)
     plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
     plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
     plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")

@@ -146,6 +146,10 @@ impl PyCellCache {
     fn free_cells(&self) -> usize {
         self.inner.cells().free_cells()
     }
+    /// Free cells of one table (`free_cells` is the tightest table's figure).
+    fn free_cells_in(&self, table: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.inner.cells().free_cells_in(index(table, "table")?).py_err()
+    }
     #[getter]
     fn capacity(&self) -> usize {
         self.inner.cells().capacity()
