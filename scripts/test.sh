@@ -3,7 +3,8 @@
 # workspace tests and the Python tests.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5" . scripts/setup.sh
+# torch (CPU use; PyPI wheel), transformers and matplotlib: the hf adapter tests and bench --quick.
+PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7" . scripts/setup.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -138,6 +138,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import cmd
+
+    return cmd(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offgraph-kv", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -160,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--json", default=None, help="also write the results to this JSON file")
     demo.set_defaults(func=cmd_demo, parser=demo)
+    bench = sub.add_parser("bench", help="comparison benchmarks: table and plots")
+    from .bench import add_arguments as _bench_args
+
+    _bench_args(bench)
+    bench.set_defaults(func=_cmd_bench)
     plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
     plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
     plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")
