@@ -27,3 +27,8 @@ pub use kv::{KvCellCache, KvSequenceCache};
 pub use runs::{MaskKind, Run, Runs};
 pub use sequence::{SeqStepPlan, SequenceCache};
 pub use spec::{AttendSpec, KeyLayout};
+
+/// The README's Rust example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
