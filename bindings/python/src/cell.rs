@@ -148,7 +148,10 @@ impl PyCellCache {
     }
     /// Free cells of one table (`free_cells` is the tightest table's figure).
     fn free_cells_in(&self, table: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner.cells().free_cells_in(index(table, "table")?).py_err()
+        self.inner
+            .cells()
+            .free_cells_in(index(table, "table")?)
+            .py_err()
     }
     #[getter]
     fn capacity(&self) -> usize {
