@@ -1,0 +1,273 @@
+"""OffgraphCache as a drop-in transformers cache: identical generations to DynamicCache on tiny
+random-weight Llama, Mistral (sliding), Gemma2 (eager, alternating) and Gemma3 (5:1), with beam
+search, left padding, continuation, prompt-lookup decoding, bf16, and the "offgraph" attention."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import offgraph_kv as okv
+import pytest
+import torch
+from offgraph_kv import hf
+from offgraph_kv.hf import ATTN_NAME, OffgraphCache
+from transformers import (
+    DynamicCache,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
+
+torch.set_num_threads(2)
+
+TINY = dict(
+    num_hidden_layers=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+)
+
+
+def make(name: str, attn: str = "sdpa", dtype: torch.dtype = torch.float32):
+    torch.manual_seed(0)
+    if name == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**TINY))
+    elif name == "mistral":
+        model = MistralForCausalLM(MistralConfig(sliding_window=8, **TINY))
+    elif name == "gemma2":
+        model = Gemma2ForCausalLM(Gemma2Config(sliding_window=8, **TINY))
+    elif name == "gemma3":
+        cfg = Gemma3TextConfig(sliding_window=8, **{**TINY, "num_hidden_layers": 6})
+        model = Gemma3ForCausalLM(cfg)
+    else:
+        raise ValueError(name)
+    model = model.to(dtype).eval()
+    model.set_attn_implementation(attn)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def prompt(n: int = 12, batch: int = 1, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 128, (batch, n), generator=g)
+
+
+def gen(model, ids, cache, n=40, **kw):
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            cache=cache,
+            max_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **kw,
+        )
+
+
+def assert_same(ref, got, atol=1e-5):
+    assert torch.equal(ref.sequences, got.sequences)
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(ref.logits, got.logits))
+    assert diff <= atol, diff
+
+
+MODELS = [("llama", "sdpa"), ("mistral", "eager"), ("gemma2", "eager"), ("gemma3", "eager")]
+
+
+@pytest.mark.parametrize("name,attn", MODELS)
+def test_greedy_40_tokens_match_dynamic_cache(name, attn):
+    model = make(name, attn)
+    ids = prompt(12)
+    ref = gen(model, ids, DynamicCache(config=model.config))
+    assert ref.sequences.shape[1] == 52
+    assert_same(ref, gen(model, ids, OffgraphCache(model.config)))
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gemma3"])
+def test_offgraph_attention_matches_dynamic_cache(name, monkeypatch):
+    ref_model = make(name, "eager")
+    ids = prompt(12)
+    ref = gen(ref_model, ids, DynamicCache(config=ref_model.config))
+    calls = []
+    attend = hf._okv.attend
+    monkeypatch.setattr(hf._okv, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    model = make(name, ATTN_NAME)
+    assert_same(ref, gen(model, ids, OffgraphCache(model.config)))
+    n_layers = model.config.num_hidden_layers
+    if name == "gemma2":  # attention-logit softcap: falls back to plain attention
+        assert not calls
+    else:  # every layer of the prefill and of the 39 decode steps read the pools
+        assert len(calls) == n_layers * 40
+
+
+def test_long_prompt_on_ring_layers_is_chunked():
+    """A 30-token prompt on window-8 ring layers whose max_step is 8: written in four chunks."""
+    model = make("mistral", "eager")
+    ids = prompt(30)
+    ref = gen(model, ids, DynamicCache(config=model.config), n=12)
+    cache = OffgraphCache(model.config, max_step=1)
+    assert cache.layers[0].max_step == 8
+    assert_same(ref, gen(model, ids, cache, n=12))
+    assert cache.get_seq_length() == 30 + 12 - 1
+    assert cache.layers[0].kv.pool_slots(0) <= 8 + 8 - 1
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_beam_search_3_beams(name):
+    model = make(name, "eager")
+    ids = prompt(10)
+    kw = dict(num_beams=3, num_return_sequences=3, output_scores=True)
+    ref = gen(model, ids, DynamicCache(config=model.config), n=20, **kw)
+    got = gen(model, ids, OffgraphCache(model.config), n=20, **kw)
+    assert torch.equal(ref.sequences, got.sequences)
+    torch.testing.assert_close(ref.sequences_scores, got.sequences_scores, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa", ATTN_NAME])
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_batch_of_two_with_left_padding(name, attn):
+    model = make(name, attn)
+    ids = prompt(14, batch=2)
+    mask = torch.ones_like(ids)
+    ids[1, :5] = 0
+    mask[1, :5] = 0
+    ref_model = make(name, "eager")
+    ref = gen(ref_model, ids, DynamicCache(config=model.config), n=30, attention_mask=mask)
+    got = gen(model, ids, OffgraphCache(model.config), n=30, attention_mask=mask)
+    assert_same(ref, got, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_continue_generation_from_returned_cache(name):
+    model = make(name, "eager")
+    ids = prompt(12)
+    ref_cache, cache = DynamicCache(config=model.config), OffgraphCache(model.config)
+    ref1, got1 = gen(model, ids, ref_cache, n=15), gen(model, ids, cache, n=15)
+    assert_same(ref1, got1)
+    assert cache.get_seq_length() == 12 + 15 - 1  # the last token is not fed yet
+    ref2 = gen(model, ref1.sequences, ref_cache, n=15)
+    got2 = gen(model, got1.sequences, cache, n=15)
+    assert_same(ref2, got2)
+    # and the continuation is what one 30-token run gives
+    once = gen(model, ids, OffgraphCache(model.config), n=30)
+    assert torch.equal(once.sequences, got2.sequences)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3"])
+def test_prompt_lookup_decoding_matches_greedy(name):
+    model = make(name, "eager")
+    base = prompt(6)
+    ids = torch.cat([base, base, base, base], dim=1)  # repetitive, so lookups find candidates
+    greedy = gen(model, ids, DynamicCache(config=model.config), n=30)
+    cache = OffgraphCache(model.config)
+    assert cache.is_croppable
+    with torch.no_grad():
+        out = model.generate(
+            ids, cache=cache, max_new_tokens=30, do_sample=False, prompt_lookup_num_tokens=4
+        )
+    assert torch.equal(greedy.sequences, out)
+    assert cache.get_seq_length() == ids.shape[1] + 30 - 1
+
+
+@pytest.mark.parametrize("attn", ["sdpa", ATTN_NAME])
+def test_bf16_model(attn):
+    model = make("gemma3", attn, dtype=torch.bfloat16)
+    ref_model = make("gemma3", "sdpa", dtype=torch.bfloat16)
+    ids = prompt(12)
+    ref = gen(ref_model, ids, DynamicCache(config=model.config))
+    cache = OffgraphCache(model.config)
+    got = gen(model, ids, cache)
+    assert model.dtype == torch.bfloat16 and cache.layers[0].dtype == torch.bfloat16
+    if attn == "sdpa":  # bf16 -> f32 -> bf16 is exact, so the attention sees the same tensors
+        assert_same(ref, got, atol=0)
+    else:  # attend accumulates in f32 where bf16 sdpa rounds: teacher-force the reference
+        # tokens one at a time and compare every step's logits loosely
+        assert got.sequences.shape == ref.sequences.shape
+        ref_cache, cache = DynamicCache(config=model.config), OffgraphCache(model.config)
+        seq = ref.sequences
+        with torch.no_grad():
+            for step in range(12, seq.shape[1]):
+                lo = 0 if step == 12 else step - 1
+                a = ref_model(seq[:, lo:step], cache=ref_cache).logits[:, -1].float()
+                b = model(seq[:, lo:step], cache=cache).logits[:, -1].float()
+                assert (a - b).abs().max().item() < 0.05
+
+
+def test_f16_model_update_roundtrip():
+    cache = OffgraphCache(make("llama").config)
+    k = torch.randn(1, 2, 5, 16).to(torch.float16)
+    v = torch.randn(1, 2, 5, 16).to(torch.float16)
+    ko, vo = cache.update(k, v, 0)
+    assert ko.dtype == torch.float16 and torch.equal(ko, k) and torch.equal(vo, v)
+
+
+def test_update_returns_zero_copy_views_and_mask_sizes_match():
+    model = make("gemma3")
+    cache = OffgraphCache(model.config)
+    full, ring = cache.layers[5], cache.layers[0]
+    assert not full.is_sliding and ring.is_sliding and ring.window == 8
+    rng = torch.Generator().manual_seed(0)
+    length = 0
+    for t in [5, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 3, 1]:
+        for layer in (0, 5):
+            n, off = cache.get_mask_sizes(t, layer)
+            k = torch.randn(2, 2, t, 16, generator=rng)
+            ko, vo = cache.update(k, k + 1, layer)
+            assert ko.shape == (2, 2, n, 16) and vo.shape == ko.shape
+            assert off == (0 if layer == 5 else max(length - 7, 0))
+            torch.testing.assert_close(ko[:, :, -t:], k, atol=0, rtol=0)
+            spec = cache.layers[layer].kv.spec(0)
+            if len(spec.read) == 1:  # one run: a view into the pool, no copy
+                assert np.shares_memory(ko.numpy(), spec.k)
+        length += t
+        assert cache.get_seq_length() == length
+    # crop rewinds both kinds of layers; the next step overwrites
+    cache.crop(-3)
+    assert cache.get_seq_length() == length - 3
+    with pytest.raises(ValueError):
+        cache.crop(2)
+
+
+def test_reorder_cache_gathers_rows():
+    cache = OffgraphCache(make("mistral").config)
+    k = torch.arange(3 * 2 * 10 * 16, dtype=torch.float32).reshape(3, 2, 10, 16)
+    cache.update(k, -k, 0)
+    cache.reorder_cache(torch.tensor([2, 2, 0]))
+    ko, vo = cache.update(torch.zeros(3, 2, 1, 16), torch.zeros(3, 2, 1, 16), 0)
+    torch.testing.assert_close(ko[:, :, :-1], k[[2, 2, 0], :, -7:], atol=0, rtol=0)
+    torch.testing.assert_close(vo[:, :, :-1], -k[[2, 2, 0], :, -7:], atol=0, rtol=0)
+    cache.batch_select_indices(torch.tensor([1]))
+    assert cache.layers[0].batch_size == 1 and cache.get_seq_length() == 11
+
+
+def test_deep_crop_of_a_ring_layer_is_refused():
+    cache = OffgraphCache(make("mistral").config, max_step=8)
+    for _ in range(40):
+        cache.update(torch.zeros(1, 2, 1, 16), torch.zeros(1, 2, 1, 16), 0)
+    with pytest.raises(okv.CacheError):
+        cache.crop(-20)
+    assert cache.get_seq_length() == 40
+
+
+def test_unsupported_layer_types_are_refused():
+    cfg = LlamaConfig(**TINY)
+    cfg.layer_types = ["full_attention", "chunked_attention"]
+    cfg.attention_chunk_size = 4
+    with pytest.raises(NotImplementedError):
+        OffgraphCache(cfg)
+
+
+def test_importing_offgraph_kv_does_not_import_torch():
+    code = "import sys, offgraph_kv; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
