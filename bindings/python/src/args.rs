@@ -113,7 +113,9 @@ pub fn f32_rows(
             "{what}: expected shape [{heads}, {want_t}, {dim}], got {shape:?}"
         )));
     }
-    let ro = arr.readonly();
+    let ro = arr
+        .try_readonly()
+        .map_err(|e| crate::errors::invalid_arg(format!("{what}: {e}")))?;
     out.clear();
     match ro.as_slice() {
         Ok(s) => out.extend_from_slice(s),
@@ -126,4 +128,43 @@ pub fn f32_rows(
 /// `None` or the value, as Python spells it in a repr.
 pub fn py_opt(v: Option<usize>) -> String {
     v.map_or("None".to_string(), |v| v.to_string())
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
+}
+
+/// A `str` named `what`: non-str is `DTypeError`; a str that is not valid
+/// UTF-8 (lone surrogates) is `InvalidArgumentError`, not `UnicodeEncodeError`.
+pub fn text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let s = obj
+        .cast::<pyo3::types::PyString>()
+        .map_err(|_| dtype_err(format!("{what}: expected a str, got {}", type_name(obj))))?;
+    s.to_cow().map(|c| c.into_owned()).map_err(|_| {
+        invalid_arg(format!(
+            "{what}: not encodable as UTF-8 (lone surrogates), got {}",
+            s.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
+}
+
+/// A real number named `what`: non-numbers are `DTypeError`; ints too large
+/// for a float are `InvalidArgumentError`, not `OverflowError`.
+pub fn real(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    match obj.extract::<f64>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+            Err(invalid_arg(format!(
+                "{what} is out of range for a float, got {}",
+                obj.repr()?
+            )))
+        }
+        Err(_) => Err(dtype_err(format!(
+            "{what}: expected a real number, got {}",
+            type_name(obj)
+        ))),
+    }
 }

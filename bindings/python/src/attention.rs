@@ -5,9 +5,9 @@ use numpy::{PyArray3, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
 use pyo3::prelude::*;
 
-use crate::args::opt_index;
+use crate::args::{opt_index, real, text};
 use crate::cell::{CellInner, PyCellCache};
-use crate::errors::{dtype_err, invalid_arg, make, shape_err, IntoPy};
+use crate::errors::{borrow, dtype_err, invalid_arg, make, shape_err, IntoPy};
 use crate::sequence::{PySequenceCache, SeqInner};
 use crate::spec::PyAttendSpec;
 
@@ -39,19 +39,27 @@ fn stale(spec: &PyAttendSpec) -> PyErr {
 /// `n_q_heads` a multiple of the spec's `n_kv_heads`. Returns a new float32
 /// array of q's shape. `scale` defaults to 1/sqrt(head_dim); `threads` to the
 /// machine's cores; `backend` is "auto", "native" or "xnnpack". The GIL is
-/// released while it computes; the spec's cache stays borrowed (other threads
-/// using that cache meanwhile get "already borrowed").
+/// released while it computes; the spec's cache stays borrowed meanwhile:
+/// other threads may read it (and attend over it), and a mutation of it from
+/// another thread is refused with `StepError` ("the cache is in use").
 #[pyfunction]
-#[pyo3(signature = (q, spec, scale=None, threads=None, backend="auto"))]
+#[pyo3(signature = (q, spec, scale=None, threads=None, backend=None))]
 pub fn attend<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
     spec: PyRef<'py, PyAttendSpec>,
-    scale: Option<f64>,
+    scale: Option<&Bound<'py, PyAny>>,
     threads: Option<&Bound<'py, PyAny>>,
-    backend: &str,
+    backend: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray3<f32>>> {
-    let backend = Backend::parse(backend).py_err()?;
+    let backend = match backend {
+        Some(b) => Backend::parse(&text(b, "backend")?).py_err()?,
+        None => Backend::parse("auto").py_err()?,
+    };
+    let scale = match scale.filter(|s| !s.is_none()) {
+        Some(s) => Some(real(s, "scale")?),
+        None => None,
+    };
     let threads = opt_index(threads, "threads")?;
     if threads == Some(0) {
         return Err(invalid_arg("threads must be >= 1, got 0"));
@@ -83,7 +91,9 @@ pub fn attend<'py>(
             )))
         }
     };
-    let ro = arr.readonly();
+    let ro = arr
+        .try_readonly()
+        .map_err(|e| invalid_arg(format!("q: {e}")))?;
     let owned;
     let q_data: &[f32] = match ro.as_slice() {
         Ok(s) => s,
@@ -103,7 +113,7 @@ pub fn attend<'py>(
     let out_slice = unsafe { out.as_slice_mut() }.map_err(|e| shape_err(e.to_string()))?;
     let owner = spec.owner.bind(py);
     if let Ok(c) = owner.cast::<PySequenceCache>() {
-        let c = c.borrow();
+        let c = borrow(c, "attend")?;
         let SeqInner::Kv(kv) = &c.inner else {
             return Err(stale(&spec));
         };
@@ -114,7 +124,7 @@ pub fn attend<'py>(
         py.detach(|| attend_into(q_data, q_shape, &core, &opts, out_slice))
             .py_err()?;
     } else if let Ok(c) = owner.cast::<PyCellCache>() {
-        let c = c.borrow();
+        let c = borrow(c, "attend")?;
         let CellInner::Kv(kv) = &c.inner else {
             return Err(stale(&spec));
         };

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
-use crate::errors::{make, IntoPy};
+use crate::errors::{borrow, borrow_mut, make, IntoPy};
 use crate::spec::PyAttendSpec;
 
 /// The state behind a Python cell cache: bookkeeping only, or with pools.
@@ -51,13 +51,36 @@ fn runs_py(runs: &[offgraph_kv::Run]) -> Vec<(usize, usize)> {
 
 /// Many sequences in one pool of cells, each cell owned by a set of sequences.
 ///
-/// Not shared between threads: a second thread using the cache while a call
-/// runs gets a `RuntimeError` ("already borrowed"), never a torn state.
+/// Threads: every method runs whole with the GIL held, so calls from several
+/// Python threads never interleave inside the cache and never see a torn
+/// state. The one exception is `attend`, which releases the GIL while it
+/// computes and keeps a shared borrow of the cache meanwhile: reads
+/// (`seq_len`, `planner().plan`, `CellStepPlan.visible`, another `attend`)
+/// proceed, and a call that mutates (`seq_*`, `begin_step`, `clear`, `update`,
+/// `KvCellCache.spec`, and `CellStepPlan.mask`/`AttendSpec.mask`, which
+/// memoize the mask) from another thread is refused with `StepError` ("the
+/// cache is in use ...") and changes nothing. Retry after the attend returns,
+/// or serialize the threads with your own lock. The `control()` and
+/// `planner()` faces hold a reference: they keep the cache alive.
 #[pyclass(module = "offgraph_kv", name = "CellCache", subclass)]
 pub struct PyCellCache {
     pub inner: CellInner,
 }
 
+type CellRef<'py> = PyRef<'py, PyCellCache>;
+type CellMut<'py> = PyRefMut<'py, PyCellCache>;
+
+fn ro<'py>(slf: &Bound<'py, PyCellCache>, what: &str) -> PyResult<CellRef<'py>> {
+    borrow(slf, what)
+}
+
+fn rw<'py>(slf: &Bound<'py, PyCellCache>, what: &str) -> PyResult<CellMut<'py>> {
+    borrow_mut(slf, what)
+}
+
+// Every method takes `slf: &Bound<Self>` and borrows through `ro`/`rw`, so a
+// borrow conflict is a `StepError`, never PyO3's `RuntimeError` or a panic.
+// Arguments are converted before the borrow.
 #[pymethods]
 impl PyCellCache {
     #[new]
@@ -79,14 +102,15 @@ impl PyCellCache {
         })
     }
 
-    /// The runner's face: the sequence verbs and the step gate.
+    /// The runner's face: the sequence verbs and the step gate. The face
+    /// holds a reference: it keeps the cache alive.
     fn control(slf: Bound<'_, Self>) -> CellControl {
         CellControl {
             cache: slf.unbind(),
         }
     }
 
-    /// The backend's face: plan(layer).
+    /// The backend's face: plan(layer). It keeps the cache alive.
     fn planner(slf: Bound<'_, Self>) -> CellPlanner {
         CellPlanner {
             cache: slf.unbind(),
@@ -94,30 +118,34 @@ impl PyCellCache {
     }
 
     #[getter]
-    fn config(&self) -> PyCacheConfig {
-        PyCacheConfig {
-            inner: self.inner.cells().config().clone(),
-        }
+    fn config(slf: &Bound<'_, Self>) -> PyResult<PyCacheConfig> {
+        Ok(PyCacheConfig {
+            inner: ro(slf, "config")?.inner.cells().config().clone(),
+        })
     }
-    fn seq_new(&mut self) -> PyResult<SeqId> {
-        self.inner.cells_mut().seq_new().py_err()
+    fn seq_new(slf: &Bound<'_, Self>) -> PyResult<SeqId> {
+        rw(slf, "seq_new")?.inner.cells_mut().seq_new().py_err()
     }
     /// A new sequence owning `src`'s cells with position < `upto` (all when
     /// None): sets a bit per cell, copies no K/V.
     #[pyo3(signature = (src, upto=None))]
     fn seq_clone(
-        &mut self,
+        slf: &Bound<'_, Self>,
         src: &Bound<'_, PyAny>,
         upto: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<SeqId> {
         let src = seq_id(src, "src")?;
         let upto = opt_index(upto, "upto")?;
-        self.inner.cells_mut().seq_clone(src, upto).py_err()
+        rw(slf, "seq_clone")?
+            .inner
+            .cells_mut()
+            .seq_clone(src, upto)
+            .py_err()
     }
     /// Drops `seq`'s positions in [p0, p1) (p1=None: to the end).
     #[pyo3(signature = (seq, p0=None, p1=None))]
     fn seq_rm(
-        &mut self,
+        slf: &Bound<'_, Self>,
         seq: &Bound<'_, PyAny>,
         p0: Option<&Bound<'_, PyAny>>,
         p1: Option<&Bound<'_, PyAny>>,
@@ -125,71 +153,89 @@ impl PyCellCache {
         let seq = seq_id(seq, "seq")?;
         let p0 = opt_index(p0, "p0")?.unwrap_or(0);
         let p1 = opt_index(p1, "p1")?;
-        self.inner.cells_mut().seq_rm(seq, p0, p1).py_err()
+        rw(slf, "seq_rm")?
+            .inner
+            .cells_mut()
+            .seq_rm(seq, p0, p1)
+            .py_err()
     }
-    fn seq_free(&mut self, seq: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn seq_free(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<()> {
         let seq = seq_id(seq, "seq")?;
-        self.inner.cells_mut().seq_free(seq).py_err()
+        rw(slf, "seq_free")?
+            .inner
+            .cells_mut()
+            .seq_free(seq)
+            .py_err()
     }
     /// 1 + the highest position `seq` holds (0 when empty).
-    fn next_pos(&self, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner.cells().next_pos(seq_id(seq, "seq")?).py_err()
+    fn next_pos(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let seq = seq_id(seq, "seq")?;
+        ro(slf, "next_pos")?.inner.cells().next_pos(seq).py_err()
     }
-    fn seq_len(&self, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner.cells().seq_len(seq_id(seq, "seq")?).py_err()
-    }
-    #[getter]
-    fn live_seqs(&self) -> Vec<SeqId> {
-        self.inner.cells().live_seqs()
+    fn seq_len(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let seq = seq_id(seq, "seq")?;
+        ro(slf, "seq_len")?.inner.cells().seq_len(seq).py_err()
     }
     #[getter]
-    fn free_cells(&self) -> usize {
-        self.inner.cells().free_cells()
+    fn live_seqs(slf: &Bound<'_, Self>) -> PyResult<Vec<SeqId>> {
+        Ok(ro(slf, "live_seqs")?.inner.cells().live_seqs())
+    }
+    #[getter]
+    fn free_cells(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "free_cells")?.inner.cells().free_cells())
     }
     /// Free cells of one table (`free_cells` is the tightest table's figure).
-    fn free_cells_in(&self, table: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner
+    fn free_cells_in(slf: &Bound<'_, Self>, table: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let table = index(table, "table")?;
+        ro(slf, "free_cells_in")?
+            .inner
             .cells()
-            .free_cells_in(index(table, "table")?)
+            .free_cells_in(table)
             .py_err()
     }
     #[getter]
-    fn capacity(&self) -> usize {
-        self.inner.cells().capacity()
+    fn capacity(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "capacity")?.inner.cells().capacity())
     }
     #[getter]
-    fn n_seq_max(&self) -> usize {
-        self.inner.cells().n_seq_max()
+    fn n_seq_max(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "n_seq_max")?.inner.cells().n_seq_max())
     }
     #[getter]
-    fn n_tables(&self) -> usize {
-        self.inner.cells().n_tables()
+    fn n_tables(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "n_tables")?.inner.cells().n_tables())
     }
     #[getter]
-    fn step_open(&self) -> bool {
-        self.inner.cells().step_open()
+    fn step_open(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        Ok(ro(slf, "step_open")?.inner.cells().step_open())
     }
     /// Cells owned by two sequences or more, in `table` (default: table 0).
     #[pyo3(signature = (table=None))]
-    fn shared_cells(&self, table: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    fn shared_cells(slf: &Bound<'_, Self>, table: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let table = opt_index(table, "table")?.unwrap_or(0);
-        self.inner.cells().shared_cells(table).py_err()
+        ro(slf, "shared_cells")?
+            .inner
+            .cells()
+            .shared_cells(table)
+            .py_err()
     }
     /// Which cell table a layer reads (flat layers: full; ring layers: ring).
-    fn table_of(&self, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner.cells().table_of(index(layer, "layer")?).py_err()
+    fn table_of(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let layer = index(layer, "layer")?;
+        ro(slf, "table_of")?.inner.cells().table_of(layer).py_err()
     }
     #[pyo3(signature = (n=None))]
-    fn can_extend(&self, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    fn can_extend(slf: &Bound<'_, Self>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let n = opt_index(n, "n")?.unwrap_or(1);
-        Ok(self.inner.cells().can_extend(n))
+        Ok(ro(slf, "can_extend")?.inner.cells().can_extend(n))
     }
-    fn clear(&mut self) {
-        self.inner.cells_mut().clear()
+    fn clear(slf: &Bound<'_, Self>) -> PyResult<()> {
+        rw(slf, "clear")?.inner.cells_mut().clear();
+        Ok(())
     }
     /// Admission and placement, all or nothing: one entry per token.
     fn begin_step(
-        &mut self,
+        slf: &Bound<'_, Self>,
         seq_ids: &Bound<'_, PyAny>,
         positions: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
@@ -206,14 +252,18 @@ impl PyCellCache {
             })
             .collect::<PyResult<_>>()?;
         let pos = index_list(positions, "positions")?;
-        match &mut self.inner {
+        let mut this = rw(slf, "begin_step")?;
+        match &mut this.inner {
             CellInner::Plain(c) => c.begin_step(&ids, &pos).py_err(),
             CellInner::Kv(c) => c.begin_step(&ids, &pos).py_err(),
         }
     }
-    fn __repr__(&self) -> String {
-        let c = self.inner.cells();
-        let kind = match self.inner {
+    fn __repr__(slf: &Bound<'_, Self>) -> String {
+        let Ok(this) = slf.try_borrow() else {
+            return "CellCache(<in use>)".to_string();
+        };
+        let c = this.inner.cells();
+        let kind = match this.inner {
             CellInner::Plain(_) => "CellCache",
             CellInner::Kv(_) => "KvCellCache",
         };
@@ -231,7 +281,7 @@ impl PyCellCache {
     /// The plan object for `layer` of the open step.
     fn plan_of(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan> {
         let layer = index(layer, "layer")?;
-        let this = slf.borrow();
+        let this = ro(slf, "plan")?;
         let c = this.inner.cells();
         let p = c.plan(layer).py_err()?;
         Ok(PyCellStepPlan {
@@ -254,6 +304,13 @@ pub struct PyKvCellCache;
 
 fn kv_cells_mut(base: &mut PyCellCache) -> PyResult<&mut KvCellCache> {
     match &mut base.inner {
+        CellInner::Kv(c) => Ok(c),
+        CellInner::Plain(_) => Err(make("StepError", "not a KvCellCache")),
+    }
+}
+
+fn kv_cells_ref(base: &PyCellCache) -> PyResult<&KvCellCache> {
+    match &base.inner {
         CellInner::Kv(c) => Ok(c),
         CellInner::Plain(_) => Err(make("StepError", "not a KvCellCache")),
     }
@@ -290,8 +347,8 @@ impl PyKvCellCache {
     ) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
         let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let mut this = slf.borrow_mut();
-        let cache = kv_cells_mut(this.as_super())?;
+        let mut this = rw(slf.as_super(), "update")?;
+        let cache = kv_cells_mut(&mut this)?;
         let plan = cache.plan(layer).py_err()?;
         let t = plan.n_tokens();
         let l = *cache.config().layer(layer).py_err()?;
@@ -306,29 +363,32 @@ impl PyKvCellCache {
     fn spec(slf: Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
         let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let mut this = slf.borrow_mut();
-        let cache = kv_cells_mut(this.as_super())?;
+        let mut this = rw(slf.as_super(), "spec")?;
+        let cache = kv_cells_mut(&mut this)?;
         cache.prepare_spec(layer).py_err()?;
         PyAttendSpec::from_cells(owner, cache, layer)
     }
 
     #[pyo3(signature = (layer=None))]
-    fn nbytes(mut slf: PyRefMut<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    fn nbytes(slf: &Bound<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let layer = opt_index(layer, "layer")?;
-        let cache = kv_cells_mut(slf.as_super())?;
+        let this = ro(slf.as_super(), "nbytes")?;
+        let cache = kv_cells_ref(&this)?;
         match layer {
             Some(l) => cache.nbytes(l).py_err(),
             None => Ok(cache.nbytes_total()),
         }
     }
 
-    fn pool_slots(mut slf: PyRefMut<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn pool_slots(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let layer = index(layer, "layer")?;
-        Ok(kv_cells_mut(slf.as_super())?.pool(layer).py_err()?.slots())
+        let this = ro(slf.as_super(), "pool_slots")?;
+        Ok(kv_cells_ref(&this)?.pool(layer).py_err()?.slots())
     }
 }
 
-/// The runner's face of a cell cache.
+/// The runner's face of a cell cache. It holds a reference to its cache:
+/// the cache stays alive (and usable through the face) while the face lives.
 #[pyclass(module = "offgraph_kv")]
 pub struct CellControl {
     cache: Py<PyCellCache>,
@@ -341,7 +401,7 @@ impl CellControl {
         self.cache.clone_ref(py)
     }
     fn seq_new(&self, py: Python<'_>) -> PyResult<SeqId> {
-        self.cache.borrow_mut(py).seq_new()
+        PyCellCache::seq_new(self.cache.bind(py))
     }
     #[pyo3(signature = (src, upto=None))]
     fn seq_clone(
@@ -350,7 +410,7 @@ impl CellControl {
         src: &Bound<'_, PyAny>,
         upto: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<SeqId> {
-        self.cache.borrow_mut(py).seq_clone(src, upto)
+        PyCellCache::seq_clone(self.cache.bind(py), src, upto)
     }
     #[pyo3(signature = (seq, p0=None, p1=None))]
     fn seq_rm(
@@ -360,35 +420,35 @@ impl CellControl {
         p0: Option<&Bound<'_, PyAny>>,
         p1: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        self.cache.borrow_mut(py).seq_rm(seq, p0, p1)
+        PyCellCache::seq_rm(self.cache.bind(py), seq, p0, p1)
     }
     fn seq_free(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.cache.borrow_mut(py).seq_free(seq)
+        PyCellCache::seq_free(self.cache.bind(py), seq)
     }
     fn next_pos(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.cache.borrow(py).next_pos(seq)
+        PyCellCache::next_pos(self.cache.bind(py), seq)
     }
     fn seq_len(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.cache.borrow(py).seq_len(seq)
+        PyCellCache::seq_len(self.cache.bind(py), seq)
     }
     #[getter]
-    fn free_cells(&self, py: Python<'_>) -> usize {
-        self.cache.borrow(py).free_cells()
+    fn free_cells(&self, py: Python<'_>) -> PyResult<usize> {
+        PyCellCache::free_cells(self.cache.bind(py))
     }
     #[getter]
-    fn capacity(&self, py: Python<'_>) -> usize {
-        self.cache.borrow(py).capacity()
+    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        PyCellCache::capacity(self.cache.bind(py))
     }
     #[getter]
-    fn live_seqs(&self, py: Python<'_>) -> Vec<SeqId> {
-        self.cache.borrow(py).live_seqs()
+    fn live_seqs(&self, py: Python<'_>) -> PyResult<Vec<SeqId>> {
+        PyCellCache::live_seqs(self.cache.bind(py))
     }
     #[pyo3(signature = (n=None))]
     fn can_extend(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        self.cache.borrow(py).can_extend(n)
+        PyCellCache::can_extend(self.cache.bind(py), n)
     }
-    fn clear(&self, py: Python<'_>) {
-        self.cache.borrow_mut(py).clear()
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        PyCellCache::clear(self.cache.bind(py))
     }
     fn begin_step(
         &self,
@@ -396,14 +456,17 @@ impl CellControl {
         seq_ids: &Bound<'_, PyAny>,
         positions: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        self.cache.borrow_mut(py).begin_step(seq_ids, positions)
+        PyCellCache::begin_step(self.cache.bind(py), seq_ids, positions)
     }
     fn __repr__(&self, py: Python<'_>) -> String {
-        format!("CellControl({})", self.cache.borrow(py).__repr__())
+        format!(
+            "CellControl({})",
+            PyCellCache::__repr__(self.cache.bind(py))
+        )
     }
 }
 
-/// The backend's face of a cell cache.
+/// The backend's face of a cell cache. It keeps its cache alive.
 #[pyclass(module = "offgraph_kv")]
 pub struct CellPlanner {
     cache: Py<PyCellCache>,
@@ -449,7 +512,7 @@ pub fn dense_mask_py<'py>(
     generation: u64,
     layer: usize,
 ) -> PyResult<Bound<'py, PyArray2<bool>>> {
-    let mut c = owner.borrow_mut(py);
+    let mut c = borrow_mut(owner.bind(py), "mask")?;
     if c.inner.cells().generation() != generation {
         return Err(stale(layer));
     }
@@ -502,7 +565,7 @@ impl PyCellStepPlan {
     /// Token i's visible cells as sorted runs `(start, length)`.
     fn visible(&self, py: Python<'_>, i: &Bound<'_, PyAny>) -> PyResult<Vec<(usize, usize)>> {
         let i = index(i, "i")?;
-        let c = self.owner.borrow(py);
+        let c = borrow(self.owner.bind(py), "visible")?;
         if c.inner.cells().generation() != self.generation {
             return Err(stale(self.layer));
         }

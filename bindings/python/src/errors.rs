@@ -5,6 +5,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
+use pyo3::PyClass;
 
 static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
@@ -71,4 +72,31 @@ pub fn shape_err(msg: impl Into<String>) -> PyErr {
 
 pub fn config_err(msg: impl Into<String>) -> PyErr {
     make("ConfigError", msg)
+}
+
+/// The refusal for a cache that is in use: a mutation while another thread
+/// runs `attend` on it (attend releases the GIL but keeps a shared borrow), or
+/// a callback (an `__index__`, an iterator) re-entering the cache. It is a
+/// `StepError`; the call changes nothing.
+pub fn busy(what: &str) -> PyErr {
+    make(
+        "StepError",
+        format!(
+            "{what}: the cache is in use by another call (attend running in another thread with the GIL released, or a re-entrant callback); a cache is not for concurrent use: serialize calls on it with a lock"
+        ),
+    )
+}
+
+/// Shared borrow of a cache object, `StepError` (not PyO3's `RuntimeError`,
+/// never a panic) when it is mutably borrowed.
+pub fn borrow<'a, 'py, T: PyClass>(b: &'a Bound<'py, T>, what: &str) -> PyResult<PyRef<'py, T>> {
+    b.try_borrow().map_err(|_| busy(what))
+}
+
+/// Exclusive borrow of a cache object, `StepError` when borrowed elsewhere.
+pub fn borrow_mut<'a, 'py, T: PyClass<Frozen = pyo3::pyclass::boolean_struct::False>>(
+    b: &'a Bound<'py, T>,
+    what: &str,
+) -> PyResult<PyRefMut<'py, T>> {
+    b.try_borrow_mut().map_err(|_| busy(what))
 }

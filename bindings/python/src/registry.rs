@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 use offgraph_kv::registry::Registry;
 use pyo3::prelude::*;
 
+use crate::args::text;
 use crate::config::PyCacheConfig;
 use crate::errors::IntoPy;
 
@@ -16,26 +17,29 @@ fn reg() -> &'static Registry<Arc<Py<PyAny>>> {
 
 /// Stores `cache` under `key`; a taken key raises `KeyExistsError`.
 #[pyfunction]
-pub fn install(key: &str, cache: Py<PyAny>) -> PyResult<()> {
-    reg().install(key, Arc::new(cache)).py_err()
+pub fn install(key: &Bound<'_, PyAny>, cache: Py<PyAny>) -> PyResult<()> {
+    let key = text(key, "key")?;
+    reg().install(&key, Arc::new(cache)).py_err()
 }
 
 /// The cache under `key`; `NotFoundError` when there is none.
 #[pyfunction]
-pub fn get(py: Python<'_>, key: &str) -> PyResult<Py<PyAny>> {
-    Ok(reg().get(key).py_err()?.clone_ref(py))
+pub fn get(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let key = text(key, "key")?;
+    Ok(reg().get(&key).py_err()?.clone_ref(py))
 }
 
 /// Removes `key`; `NotFoundError` when there is none.
 #[pyfunction]
-pub fn erase(key: &str) -> PyResult<()> {
+pub fn erase(key: &Bound<'_, PyAny>) -> PyResult<()> {
+    let key = text(key, "key")?;
     // Drop the Python object with the GIL held (we hold it here).
-    reg().erase(key).py_err().map(drop)
+    reg().erase(&key).py_err().map(drop)
 }
 
 #[pyfunction]
-pub fn contains(key: &str) -> bool {
-    reg().contains(key)
+pub fn contains(key: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(reg().contains(&text(key, "key")?))
 }
 
 #[pyfunction]
@@ -45,18 +49,28 @@ pub fn keys() -> Vec<String> {
 
 /// A key no other call in this process returned, starting with `prefix`.
 #[pyfunction]
-#[pyo3(signature = (prefix="cache-"))]
-pub fn unique_key(py: Python<'_>, prefix: &str) -> String {
-    py.detach(|| reg().unique_key(prefix))
+#[pyo3(signature = (prefix=None))]
+pub fn unique_key(py: Python<'_>, prefix: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+    let prefix = match prefix {
+        Some(p) => text(p, "prefix")?,
+        None => "cache-".to_string(),
+    };
+    Ok(py.detach(|| reg().unique_key(&prefix)))
 }
 
 /// Registers `fn(config) -> cache` for the pair `(backend_id, kind)`.
 #[pyfunction]
-pub fn register_builder(backend_id: &str, kind: &str, builder: Py<PyAny>) -> PyResult<()> {
+pub fn register_builder(
+    backend_id: &Bound<'_, PyAny>,
+    kind: &Bound<'_, PyAny>,
+    builder: Py<PyAny>,
+) -> PyResult<()> {
+    let backend_id = text(backend_id, "backend_id")?;
+    let kind = text(kind, "kind")?;
     let builder = Arc::new(builder);
     reg().register_builder(
-        backend_id,
-        kind,
+        &backend_id,
+        &kind,
         Arc::new(move |cfg: &offgraph_kv::CacheConfig| {
             Python::attach(|py| {
                 let arg = PyCacheConfig { inner: cfg.clone() };
@@ -74,13 +88,15 @@ pub fn register_builder(backend_id: &str, kind: &str, builder: Py<PyAny>) -> PyR
 #[pyfunction]
 pub fn build(
     py: Python<'_>,
-    backend_id: &str,
-    kind: &str,
+    backend_id: &Bound<'_, PyAny>,
+    kind: &Bound<'_, PyAny>,
     config: PyRef<'_, PyCacheConfig>,
 ) -> PyResult<Py<PyAny>> {
+    let backend_id = text(backend_id, "backend_id")?;
+    let kind = text(kind, "kind")?;
     config.inner.validate().py_err()?;
     Ok(reg()
-        .build(backend_id, kind, &config.inner)
+        .build(&backend_id, &kind, &config.inner)
         .py_err()?
         .clone_ref(py))
 }

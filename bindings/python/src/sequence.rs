@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 
 use crate::args::index;
 use crate::config::PyCacheConfig;
-use crate::errors::IntoPy;
+use crate::errors::{borrow, borrow_mut, IntoPy};
 use crate::spec::PyAttendSpec;
 
 /// The state behind a Python sequence cache: bookkeeping only, or with pools.
@@ -48,13 +48,37 @@ fn runs_list(r: &Runs) -> Vec<(usize, usize)> {
 
 /// One sequence's bookkeeping: one logical length, per-layer plans.
 ///
-/// Not shared between threads: a second thread using the cache while a call
-/// runs gets a `RuntimeError` ("already borrowed"), never a torn state.
+/// Threads: every method runs whole with the GIL held, so calls from several
+/// Python threads never interleave inside the cache and never see a torn
+/// state. The one exception is `attend`, which releases the GIL while it
+/// computes and keeps a shared borrow of the cache meanwhile: reads (`length`,
+/// `plan`, `spec`, another `attend`) proceed, and a mutation (`begin_step`,
+/// `rewind`, `clear`, `update`) from another thread is refused with
+/// `StepError` ("the cache is in use ...") and changes nothing. Retry after
+/// the attend returns, or serialize the threads with your own lock; the step
+/// protocol (begin_step, then every layer) is the caller's to keep in order.
+/// The `control()` and `planner()` faces hold a reference: they keep the
+/// cache alive after every other reference to it is gone.
 #[pyclass(module = "offgraph_kv", name = "SequenceCache", subclass)]
 pub struct PySequenceCache {
     pub inner: SeqInner,
 }
 
+type SeqRef<'py> = PyRef<'py, PySequenceCache>;
+type SeqMut<'py> = PyRefMut<'py, PySequenceCache>;
+
+fn ro<'py>(slf: &Bound<'py, PySequenceCache>, what: &str) -> PyResult<SeqRef<'py>> {
+    borrow(slf, what)
+}
+
+fn rw<'py>(slf: &Bound<'py, PySequenceCache>, what: &str) -> PyResult<SeqMut<'py>> {
+    borrow_mut(slf, what)
+}
+
+// Every method takes `slf: &Bound<Self>` and borrows through `ro`/`rw`, so a
+// borrow conflict is a `StepError`, never PyO3's `RuntimeError` or a panic.
+// Arguments are converted before the borrow: Python code they run (an
+// `__index__`) never sees the cache mid-call.
 #[pymethods]
 impl PySequenceCache {
     #[new]
@@ -65,13 +89,14 @@ impl PySequenceCache {
     }
 
     /// The runner's face: length, capacity, can_extend, begin_step, rewind, clear.
+    /// The face holds a reference: it keeps the cache alive.
     fn control(slf: Bound<'_, Self>) -> SequenceControl {
         SequenceControl {
             cache: slf.unbind(),
         }
     }
 
-    /// The backend's face: plan(layer).
+    /// The backend's face: plan(layer). It keeps the cache alive.
     fn planner(slf: Bound<'_, Self>) -> SequencePlanner {
         SequencePlanner {
             cache: slf.unbind(),
@@ -79,61 +104,67 @@ impl PySequenceCache {
     }
 
     #[getter]
-    fn config(&self) -> PyCacheConfig {
-        PyCacheConfig {
-            inner: self.inner.seq().config().clone(),
-        }
+    fn config(slf: &Bound<'_, Self>) -> PyResult<PyCacheConfig> {
+        Ok(PyCacheConfig {
+            inner: ro(slf, "config")?.inner.seq().config().clone(),
+        })
     }
     #[getter]
-    fn length(&self) -> usize {
-        self.inner.seq().length()
+    fn length(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "length")?.inner.seq().length())
     }
     #[getter]
-    fn capacity(&self) -> usize {
-        self.inner.seq().capacity()
+    fn capacity(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "capacity")?.inner.seq().capacity())
     }
     /// Highest length reached since the last clear.
     #[getter]
-    fn high_water(&self) -> usize {
-        self.inner.seq().high_water()
+    fn high_water(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "high_water")?.inner.seq().high_water())
     }
     /// The lowest length `rewind` accepts now.
     #[getter]
-    fn min_rewind(&self) -> usize {
-        self.inner.seq().min_rewind()
+    fn min_rewind(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "min_rewind")?.inner.seq().min_rewind())
     }
     #[getter]
-    fn step_open(&self) -> bool {
-        self.inner.seq().step_open()
+    fn step_open(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        Ok(ro(slf, "step_open")?.inner.seq().step_open())
     }
     #[pyo3(signature = (n=None))]
-    fn can_extend(&self, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    fn can_extend(slf: &Bound<'_, Self>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let n = match n {
             Some(n) => index(n, "n")?,
             None => 1,
         };
-        Ok(self.inner.seq().can_extend(n))
+        Ok(ro(slf, "can_extend")?.inner.seq().can_extend(n))
     }
     /// Admission and commit: returns the step's first position.
-    fn begin_step(&mut self, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn begin_step(slf: &Bound<'_, Self>, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
         let n = index(n_tokens, "n_tokens")?;
-        self.inner.begin_step(n).py_err()
+        rw(slf, "begin_step")?.inner.begin_step(n).py_err()
     }
-    fn rewind(&mut self, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn rewind(slf: &Bound<'_, Self>, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = index(new_len, "new_len")?;
-        self.inner.rewind(n).py_err()
+        rw(slf, "rewind")?.inner.rewind(n).py_err()
     }
-    fn clear(&mut self) {
-        self.inner.clear()
+    fn clear(slf: &Bound<'_, Self>) -> PyResult<()> {
+        rw(slf, "clear")?.inner.clear();
+        Ok(())
     }
     /// The open step's plan for `layer`.
-    fn plan(&self, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
+    fn plan(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
         let layer = index(layer, "layer")?;
-        Ok(PySeqStepPlan(self.inner.seq().plan(layer).py_err()?))
+        Ok(PySeqStepPlan(
+            ro(slf, "plan")?.inner.seq().plan(layer).py_err()?,
+        ))
     }
-    fn __repr__(&self) -> String {
-        let s = self.inner.seq();
-        let kind = match self.inner {
+    fn __repr__(slf: &Bound<'_, Self>) -> String {
+        let Ok(this) = slf.try_borrow() else {
+            return "SequenceCache(<in use>)".to_string();
+        };
+        let s = this.inner.seq();
+        let kind = match this.inner {
             SeqInner::Plain(_) => "SequenceCache",
             SeqInner::Kv(_) => "KvSequenceCache",
         };
@@ -145,8 +176,8 @@ impl PySequenceCache {
             s.step_open()
         )
     }
-    fn __len__(&self) -> usize {
-        self.inner.seq().length()
+    fn __len__(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(ro(slf, "len")?.inner.seq().length())
     }
 }
 
@@ -183,16 +214,15 @@ impl PyKvSequenceCache {
     /// `k`, `v`: float32 `[n_kv_heads, T, head_dim]` (a leading batch of 1 is
     /// accepted; non-contiguous input is copied). A refused call writes nothing.
     fn update(
-        slf: Bound<'_, Self>,
+        slf: &Bound<'_, Self>,
         layer: &Bound<'_, PyAny>,
         k: &Bound<'_, PyAny>,
         v: &Bound<'_, PyAny>,
     ) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
         let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let mut this = slf.borrow_mut();
-        let base = this.as_super();
-        let cache = kv_mut(base)?;
+        let mut this = rw(slf.as_super(), "update")?;
+        let cache = kv_mut(&mut this)?;
         let plan = cache.plan(layer).py_err()?;
         let l = *cache.config().layer(layer).py_err()?;
         let (mut kb, mut vb) = (Vec::new(), Vec::new());
@@ -204,32 +234,35 @@ impl PyKvSequenceCache {
     }
 
     /// The open step's spec for `layer`, without writing.
-    fn spec(slf: Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
+    fn spec(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
         let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let this = slf.borrow();
-        let cache = kv_ref(this.as_super())?;
-        PyAttendSpec::from_seq(owner, cache, layer)
+        let this = ro(slf.as_super(), "spec")?;
+        PyAttendSpec::from_seq(owner, kv_ref(&this)?, layer)
     }
 
     /// Bytes the pools hold: of one layer, or of all when `layer` is None.
     #[pyo3(signature = (layer=None))]
-    fn nbytes(slf: PyRef<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
-        let cache = kv_ref(slf.as_super())?;
-        match crate::args::opt_index(layer, "layer")? {
+    fn nbytes(slf: &Bound<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let layer = crate::args::opt_index(layer, "layer")?;
+        let this = ro(slf.as_super(), "nbytes")?;
+        let cache = kv_ref(&this)?;
+        match layer {
             Some(l) => cache.nbytes(l).py_err(),
             None => Ok(cache.nbytes_total()),
         }
     }
 
     /// Slots the pool of `layer` has now (it doubles up to its depth).
-    fn pool_slots(slf: PyRef<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn pool_slots(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let layer = index(layer, "layer")?;
-        Ok(kv_ref(slf.as_super())?.pool(layer).py_err()?.slots())
+        let this = ro(slf.as_super(), "pool_slots")?;
+        Ok(kv_ref(&this)?.pool(layer).py_err()?.slots())
     }
 }
 
-/// The runner's face of a sequence cache.
+/// The runner's face of a sequence cache. It holds a reference to its cache:
+/// the cache stays alive (and usable through the face) while the face lives.
 #[pyclass(module = "offgraph_kv")]
 pub struct SequenceControl {
     cache: Py<PySequenceCache>,
@@ -238,12 +271,12 @@ pub struct SequenceControl {
 #[pymethods]
 impl SequenceControl {
     #[getter]
-    fn length(&self, py: Python<'_>) -> usize {
-        self.cache.borrow(py).inner.seq().length()
+    fn length(&self, py: Python<'_>) -> PyResult<usize> {
+        PySequenceCache::length(self.cache.bind(py))
     }
     #[getter]
-    fn capacity(&self, py: Python<'_>) -> usize {
-        self.cache.borrow(py).inner.seq().capacity()
+    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        PySequenceCache::capacity(self.cache.bind(py))
     }
     #[getter]
     fn cache(&self, py: Python<'_>) -> Py<PySequenceCache> {
@@ -251,23 +284,26 @@ impl SequenceControl {
     }
     #[pyo3(signature = (n=None))]
     fn can_extend(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        self.cache.borrow(py).can_extend(n)
+        PySequenceCache::can_extend(self.cache.bind(py), n)
     }
     fn begin_step(&self, py: Python<'_>, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.cache.borrow_mut(py).begin_step(n_tokens)
+        PySequenceCache::begin_step(self.cache.bind(py), n_tokens)
     }
     fn rewind(&self, py: Python<'_>, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.cache.borrow_mut(py).rewind(new_len)
+        PySequenceCache::rewind(self.cache.bind(py), new_len)
     }
-    fn clear(&self, py: Python<'_>) {
-        self.cache.borrow_mut(py).clear()
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        PySequenceCache::clear(self.cache.bind(py))
     }
     fn __repr__(&self, py: Python<'_>) -> String {
-        format!("SequenceControl({})", self.cache.borrow(py).__repr__())
+        format!(
+            "SequenceControl({})",
+            PySequenceCache::__repr__(self.cache.bind(py))
+        )
     }
 }
 
-/// The backend's face of a sequence cache.
+/// The backend's face of a sequence cache. It keeps its cache alive.
 #[pyclass(module = "offgraph_kv")]
 pub struct SequencePlanner {
     cache: Py<PySequenceCache>,
@@ -276,14 +312,17 @@ pub struct SequencePlanner {
 #[pymethods]
 impl SequencePlanner {
     fn plan(&self, py: Python<'_>, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
-        self.cache.borrow(py).plan(layer)
+        PySequenceCache::plan(self.cache.bind(py), layer)
     }
     #[getter]
     fn cache(&self, py: Python<'_>) -> Py<PySequenceCache> {
         self.cache.clone_ref(py)
     }
     fn __repr__(&self, py: Python<'_>) -> String {
-        format!("SequencePlanner({})", self.cache.borrow(py).__repr__())
+        format!(
+            "SequencePlanner({})",
+            PySequenceCache::__repr__(self.cache.bind(py))
+        )
     }
 }
 
