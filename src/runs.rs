@@ -43,12 +43,16 @@ impl Runs {
         if len == 0 || depth == 0 {
             return Runs::default();
         }
-        let start = start % depth;
-        let first = len.min(depth - start);
+        // depth > 0 (checked above), so start < depth and first <= len.
+        let start = start.checked_rem(depth).unwrap_or(0);
+        let first = len.min(depth.saturating_sub(start));
         if first == len {
             Runs::one(Run::new(start, len))
         } else {
-            Runs::two(Run::new(start, first), Run::new(0, len - first))
+            Runs::two(
+                Run::new(start, first),
+                Run::new(0, len.saturating_sub(first)),
+            )
         }
     }
 

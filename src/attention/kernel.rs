@@ -14,6 +14,11 @@
 // `attention::validate` checked up front (runs inside the pool, row counts
 // ≤ RB, tiles ≤ KT); out-of-range indexing here would be a bug, not input.
 #![allow(clippy::indexing_slicing)]
+// Same bound for arithmetic: row, tile and offset computations stay below
+// the pool and scratch sizes that `attention::validate` checked with
+// checked_mul (n_kv*slots*hd, n_q*t*hd), so none overflows; divisors are
+// nonzero constants or validated counts.
+#![allow(clippy::arithmetic_side_effects)]
 
 use crate::runs::Run;
 

@@ -281,7 +281,7 @@ fn validate(
             spec.n_tokens()
         )));
     }
-    if n_q_heads == 0 || n_q_heads % spec.n_kv_heads != 0 {
+    if n_q_heads == 0 || n_q_heads.checked_rem(spec.n_kv_heads) != Some(0) {
         return Err(CacheError::Shape(format!(
             "q heads: expected a nonzero multiple of n_kv_heads = {}, got {n_q_heads}",
             spec.n_kv_heads
@@ -326,10 +326,10 @@ fn validate(
                     spec.slots
                 )));
             }
-            if offsets.len() != t + 1 {
+            if t.checked_add(1) != Some(offsets.len()) {
                 return Err(CacheError::Shape(format!(
                     "cells offsets: expected T + 1 = {} entries, got {}",
-                    t + 1,
+                    t.saturating_add(1),
                     offsets.len()
                 )));
             }
@@ -357,7 +357,7 @@ fn validate(
                             run.start
                         )));
                     }
-                    end = run.start + run.len;
+                    end = run.start.saturating_add(run.len);
                 }
             }
         }
@@ -416,6 +416,13 @@ struct Plan<'a> {
     nkeys: usize,
 }
 
+// Task geometry: every size and index here derives from shapes `validate`
+// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
+// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
+// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
+// by construction, so no product, sum or division below can overflow or divide
+// by zero.
+#[allow(clippy::arithmetic_side_effects)]
 impl<'a> Plan<'a> {
     fn new(
         q: &'a [f32],
@@ -596,6 +603,13 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+// Task ranges and partial-state sizes: every size and index here derives from shapes `validate`
+// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
+// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
+// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
+// by construction, so no product, sum or division below can overflow or divide
+// by zero.
+#[allow(clippy::arithmetic_side_effects)]
 fn run_plan(plan: &Plan<'_>, exec: Exec, threads: usize, out: &mut [f32]) -> Result<()> {
     let n_tasks = plan.n_tasks();
     let mut partial = if plan.ksplit > 1 {
@@ -652,6 +666,13 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     })
 }
 
+// Scratch sizes and row offsets of one task: every size and index here derives from shapes `validate`
+// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
+// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
+// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
+// by construction, so no product, sum or division below can overflow or divide
+// by zero.
+#[allow(clippy::arithmetic_side_effects)]
 fn run_task(
     plan: &Plan<'_>,
     exec: Exec,
@@ -759,6 +780,13 @@ fn run_task(
 
 /// Combines the key-split partial states of each row: the softmax of a union is
 /// the max-rescaled sum of the parts.
+// Partial-state offsets: every size and index here derives from shapes `validate`
+// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
+// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
+// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
+// by construction, so no product, sum or division below can overflow or divide
+// by zero.
+#[allow(clippy::arithmetic_side_effects)]
 fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
     let hd = plan.hd;
     for unit in 0..plan.n_kv * plan.blocks_per_head {

@@ -225,7 +225,7 @@ fn cut_ranges(ranges: &mut Vec<(usize, usize)>, p0: usize, p1: usize) -> usize {
         return 0;
     }
     let mut removed = 0usize;
-    let mut out = Vec::with_capacity(ranges.len() + 1);
+    let mut out = Vec::with_capacity(ranges.len().saturating_add(1));
     for &(s, e) in ranges.iter() {
         if e <= p0 || s >= p1 {
             out.push((s, e));
@@ -237,7 +237,7 @@ fn cut_ranges(ranges: &mut Vec<(usize, usize)>, p0: usize, p1: usize) -> usize {
         if e > p1 {
             out.push((p1, e));
         }
-        removed += e.min(p1) - s.max(p0);
+        removed = removed.saturating_add(e.min(p1).saturating_sub(s.max(p0)));
     }
     *ranges = out;
     removed
@@ -247,7 +247,7 @@ fn cut_ranges(ranges: &mut Vec<(usize, usize)>, p0: usize, p1: usize) -> usize {
 fn ranges_max_below(ranges: &[(usize, usize)], bound: usize) -> Option<usize> {
     let k = ranges.partition_point(|r| r.0 < bound);
     let (_, e) = *ranges.get(k.checked_sub(1)?)?;
-    Some(e.min(bound) - 1)
+    e.min(bound).checked_sub(1)
 }
 
 /// Largest position below `bound` in a position-sorted list.
@@ -299,7 +299,7 @@ impl CellCache {
                 Some(i) => i,
                 None => {
                     policies.push(p);
-                    policies.len() - 1
+                    policies.len().saturating_sub(1)
                 }
             };
             layer_policy.push(idx);
@@ -319,16 +319,18 @@ impl CellCache {
         };
         let ring = if ring_window > 0 {
             tables.push(Table::new(n_cells, words, owner_words));
-            Some(tables.len() - 1)
+            Some(tables.len().saturating_sub(1))
         } else {
             None
         };
-        let ring_keep = ring_window.checked_add(cfg.max_step - 1).ok_or_else(|| {
-            CacheError::InvalidConfig(format!(
-                "ring window {ring_window} + max_step {} overflows",
-                cfg.max_step
-            ))
-        })?;
+        let ring_keep = ring_window
+            .checked_add(cfg.max_step.saturating_sub(1))
+            .ok_or_else(|| {
+                CacheError::InvalidConfig(format!(
+                    "ring window {ring_window} + max_step {} overflows",
+                    cfg.max_step
+                ))
+            })?;
         let policy_table = policies
             .iter()
             .map(|p| match p {
@@ -475,13 +477,21 @@ impl CellCache {
 
     fn id_of(&self, slot: usize) -> SeqId {
         let gen = self.seqs.get(slot).map_or(0, |s| u64::from(s.gen));
-        let id = gen * self.n_seq_max as u64 + slot as u64;
+        let id = gen
+            .checked_mul(self.n_seq_max as u64)
+            .and_then(|x| x.checked_add(slot as u64))
+            .unwrap_or(u64::MAX);
         SeqId::try_from(id).unwrap_or(SeqId::MAX)
     }
 
     fn slot_of(&self, id: SeqId, verb: &str) -> Result<usize> {
-        let slot = id as usize % self.n_seq_max;
-        let gen = id as usize / self.n_seq_max;
+        // n_seq_max >= 1 (validated by `new`); a zero divisor is refused, not a panic.
+        let (Some(slot), Some(gen)) = (
+            (id as usize).checked_rem(self.n_seq_max),
+            (id as usize).checked_div(self.n_seq_max),
+        ) else {
+            return Err(unknown(verb, id));
+        };
         match self.seqs.get(slot) {
             Some(s) if s.live && s.gen as usize == gen => Ok(slot),
             _ => Err(unknown(verb, id)),
@@ -527,7 +537,7 @@ impl CellCache {
 
     fn next_pos_slot(&self, slot: usize) -> usize {
         self.max_logical_below(slot, usize::MAX)
-            .map_or(0, |m| m + 1)
+            .map_or(0, |m| m.saturating_add(1))
     }
 
     /// One past the highest position `seq` holds, 0 if none.
@@ -544,7 +554,7 @@ impl CellCache {
         Ok(if self.full.is_some() {
             list_len
         } else {
-            list_len + s.evicted_len
+            list_len.saturating_add(s.evicted_len)
         })
     }
 
@@ -574,11 +584,11 @@ impl CellCache {
     /// O(n_cells x owner words): a statistic, not for the hot path.
     pub fn shared_cells(&self, table: usize) -> Result<usize> {
         let t = self.table_ref(table)?;
-        let mut shared = 0;
+        let mut shared = 0usize;
         for cell in 0..self.n_cells {
             let owners: u32 = t.owner_words(cell).iter().map(|w| w.count_ones()).sum();
             if owners >= 2 {
-                shared += 1;
+                shared = shared.saturating_add(1);
             }
         }
         Ok(shared)
@@ -593,8 +603,8 @@ impl CellCache {
             let mut bits = *word;
             while bits != 0 {
                 let b = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                out.push(self.id_of(w * 64 + b));
+                bits &= bits.wrapping_sub(1);
+                out.push(self.id_of(w.saturating_mul(64).saturating_add(b)));
             }
         }
         Ok(out)
@@ -616,7 +626,7 @@ impl CellCache {
         if let Some(s) = self.seqs.get_mut(slot) {
             s.live = true;
         }
-        self.n_live += 1;
+        self.n_live = self.n_live.saturating_add(1);
         Ok(slot)
     }
 
@@ -628,11 +638,11 @@ impl CellCache {
                 return;
             }
             s.live = false;
-            let next = u64::from(s.gen) + 1;
-            s.gen = if next * n + slot as u64 <= u64::from(u32::MAX) {
-                next as u32
-            } else {
-                0
+            let next = u64::from(s.gen).saturating_add(1);
+            let next_id = next.checked_mul(n).and_then(|x| x.checked_add(slot as u64));
+            s.gen = match (next_id, u32::try_from(next)) {
+                (Some(id), Ok(g)) if id <= u64::from(u32::MAX) => g,
+                _ => 0,
             };
             self.n_live = self.n_live.saturating_sub(1);
             if let Ok(v) = u32::try_from(slot) {
@@ -715,7 +725,7 @@ impl CellCache {
                 }
                 let b = b.min(up);
                 evicted.push((a, b));
-                evicted_len += b - a;
+                evicted_len = evicted_len.saturating_add(b.saturating_sub(a));
             }
         }
         if let Some(d) = self.seqs.get_mut(nslot) {
@@ -850,14 +860,14 @@ impl CellCache {
                     )));
                 }
                 if let Some(c) = self.scratch.count.get_mut(slot) {
-                    *c += 1;
+                    *c = c.saturating_add(1);
                 }
             } else {
                 let next = self.next_pos_slot(slot);
                 if p < next {
                     return Err(CacheError::StepProtocol(format!(
                         "begin_step: token {i} would rewrite position {p} of sequence {id}, which holds positions up to {}; a step only extends",
-                        next - 1
+                        next.saturating_sub(1)
                     )));
                 }
                 if let Some(s) = self.scratch.seen.get_mut(slot) {
@@ -894,7 +904,7 @@ impl CellCache {
             let list = self.seqs.get(slot).and_then(|s| s.lists.get(r));
             let len = list.map_or(0, |l| l.len());
             let cnt = self.scratch.count.get(slot).copied().unwrap_or(0);
-            let d = (len + cnt).saturating_sub(keep).min(len);
+            let d = len.saturating_add(cnt).saturating_sub(keep).min(len);
             if let Some(x) = self.scratch.drop_n.get_mut(slot) {
                 *x = d;
             }
@@ -919,7 +929,7 @@ impl CellCache {
             for e in list.range(..d) {
                 let cell = e.cell as usize;
                 if table.n_owners.get(cell).copied().unwrap_or(0) == 1 {
-                    reclaim += 1;
+                    reclaim = reclaim.saturating_add(1);
                     continue;
                 }
                 // Shared: freed iff every owner is in the step and drops it;
@@ -929,8 +939,10 @@ impl CellCache {
                 'words: for (w, word) in table.owner_words(cell).iter().enumerate() {
                     let mut bits = *word;
                     while bits != 0 {
-                        let o = w * 64 + bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
+                        let o = w
+                            .saturating_mul(64)
+                            .saturating_add(bits.trailing_zeros() as usize);
+                        bits &= bits.wrapping_sub(1);
                         lowest = lowest.min(o);
                         let in_step = self.scratch.seen.get(o).copied() == Some(stamp);
                         let drops =
@@ -942,11 +954,11 @@ impl CellCache {
                     }
                 }
                 if all_drop && lowest == slot {
-                    reclaim += 1;
+                    reclaim = reclaim.saturating_add(1);
                 }
             }
         }
-        if table.n_free + reclaim < n {
+        if table.n_free.saturating_add(reclaim) < n {
             return Err(CacheError::OutOfCapacity(format!(
                 "begin_step: {n} tokens need {n} cells of the ring table, {} free and {reclaim} freed by the step's ring drops",
                 table.n_free
@@ -972,10 +984,10 @@ impl CellCache {
                 for e in list.drain(..d.min(list.len())) {
                     table.remove_owner(e.cell as usize, slot);
                     match s.evicted.last_mut() {
-                        Some(last) if last.1 == e.pos => last.1 += 1,
-                        _ => s.evicted.push((e.pos, e.pos + 1)),
+                        Some(last) if last.1 == e.pos => last.1 = last.1.saturating_add(1),
+                        _ => s.evicted.push((e.pos, e.pos.saturating_add(1))),
                     }
-                    s.evicted_len += 1;
+                    s.evicted_len = s.evicted_len.saturating_add(1);
                 }
             }
             self.scratch.distinct = distinct;
@@ -989,7 +1001,8 @@ impl CellCache {
             t.step_cells.clear();
         }
         for (&id, &p) in seq_ids.iter().zip(positions) {
-            let slot = id as usize % self.n_seq_max;
+            // Ids were validated by `check_tokens`; n_seq_max >= 1.
+            let slot = (id as usize).checked_rem(self.n_seq_max).unwrap_or(0);
             self.step_slots.push(slot as u32);
             let Some(s) = self.seqs.get_mut(slot) else {
                 continue;
@@ -1069,9 +1082,10 @@ impl CellCache {
                 else {
                     continue;
                 };
-                let row = i * read_len;
+                // i < t and cell < read_len, so row + cell < t * read_len (checked above).
+                let row = i.saturating_mul(read_len);
                 for e in plan::visible_range(list, p, window) {
-                    if let Some(b) = buf.get_mut(row + e.cell as usize) {
+                    if let Some(b) = buf.get_mut(row.saturating_add(e.cell as usize)) {
                         *b = 1;
                     }
                 }
@@ -1123,7 +1137,7 @@ impl CellCache {
                         ));
                     }
                 }
-                pairs += list.len();
+                pairs = pairs.saturating_add(list.len());
                 if Some(ti) == self.ring && list.len() > self.ring_keep {
                     return Err(format!(
                         "ring table: slot {slot} holds {} > {} cells",
@@ -1147,7 +1161,7 @@ impl CellCache {
                     return Err(format!("slot {slot}: bad evicted ranges {:?}", s.evicted));
                 }
                 end = b;
-                len += b - a;
+                len = len.saturating_add(b.saturating_sub(a));
             }
             if len != s.evicted_len {
                 return Err(format!(

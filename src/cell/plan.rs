@@ -1,4 +1,9 @@
 //! The per-layer view of an open cell step.
+//!
+//! Arithmetic here is on cell indices and run lengths, all bounded by
+//! n_cells <= MAX_CELLS (2^31, checked by `CellCache::new`): a run never
+//! covers more than n_cells cells and `out.len() >= base`, so no sum overflows.
+#![allow(clippy::arithmetic_side_effects)]
 
 use std::collections::VecDeque;
 

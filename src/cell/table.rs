@@ -1,4 +1,11 @@
 //! One cell table: per-cell position, owner bitset and free bitmap.
+//!
+//! Arithmetic here is on cell indices and counts: cells < n_cells <= MAX_CELLS
+//! (2^31), owner slots < n_seq_max <= MAX_SEQS (2^16), and
+//! n_cells * words <= MAX_OWNER_WORDS (all checked by `CellCache::new`), so no
+//! index or count below can overflow; subtractions are guarded by the loop
+//! conditions next to them (`used_end > 0`, `occupied != 0`, `tail != 0`).
+#![allow(clippy::arithmetic_side_effects)]
 
 /// Marks a free cell in [`Table::pos`].
 pub(crate) const FREE: usize = usize::MAX;

@@ -110,7 +110,7 @@ impl KvCellCache {
         let max_cell = plan
             .cells()
             .iter()
-            .map(|&c| c as usize + 1)
+            .map(|&c| (c as usize).saturating_add(1))
             .max()
             .unwrap_or(0);
         pool.ensure(max_cell.max(plan.read_len()))?;
@@ -120,11 +120,14 @@ impl KvCellCache {
         while i < t {
             let start = cells.get(i).copied().unwrap_or(0) as usize;
             let mut n = 1;
-            while cells.get(i + n).is_some_and(|&c| c as usize == start + n) {
-                n += 1;
+            while cells
+                .get(i.saturating_add(n))
+                .is_some_and(|&c| c as usize == start.saturating_add(n))
+            {
+                n = n.saturating_add(1);
             }
             pool.write_rows(k_new, v_new, t, i, start, n)?;
-            i += n;
+            i = i.saturating_add(n);
         }
         self.spec(layer)
     }

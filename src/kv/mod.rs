@@ -23,7 +23,14 @@ pub(crate) fn check_rows(
     n_tokens: usize,
     head_dim: usize,
 ) -> Result<()> {
-    let want = n_heads * n_tokens * head_dim;
+    let want = n_heads
+        .checked_mul(n_tokens)
+        .and_then(|x| x.checked_mul(head_dim))
+        .ok_or_else(|| {
+            CacheError::Shape(format!(
+                "[{n_heads}, {n_tokens}, {head_dim}] rows: the size overflows"
+            ))
+        })?;
     for (name, got) in [("k_new", k_new.len()), ("v_new", v_new.len())] {
         if got != want {
             return Err(CacheError::Shape(format!(

@@ -20,6 +20,9 @@ pub struct Pool {
 impl Pool {
     /// A pool of `initial` slots (clamped to `depth`). Sizes are bounded by
     /// `CacheConfig::validate`, so the products below cannot overflow.
+    // Sizes bounded by CacheConfig::validate: n_heads <= 2^12, slots <= depth <=
+    // 2^31, head_dim <= 2^16, so n_heads * slots * head_dim < 2^59.
+    #[allow(clippy::arithmetic_side_effects)]
     pub fn new(n_heads: usize, head_dim: usize, initial: usize, depth: usize) -> Self {
         let slots = initial.clamp(1, depth.max(1));
         let len = n_heads * slots * head_dim;
@@ -51,7 +54,10 @@ impl Pool {
 
     /// Bytes the K and V buffers hold.
     pub fn nbytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * std::mem::size_of::<f32>()
+        self.k
+            .len()
+            .saturating_add(self.v.len())
+            .saturating_mul(std::mem::size_of::<f32>())
     }
 
     pub fn k(&self) -> &[f32] {
@@ -85,17 +91,18 @@ impl Pool {
         }
         let slots = slots.min(self.depth);
         let row = self.head_dim;
-        let (old_slots, new_len) = (self.slots, self.n_heads * slots * row);
+        // Sizes bounded by CacheConfig::validate (see `new`): slots <= depth <= 2^31,
+        // so every product below is < 2^59.
+        #[allow(clippy::arithmetic_side_effects)]
+        let (new_len, new_run, old_run) =
+            (self.n_heads * slots * row, slots * row, self.slots * row);
         let relayout = |old: &Buffer| -> Arc<Buffer> {
             let new = Buffer::zeroed(new_len);
             let src = old.as_slice();
             // SAFETY: `new` was just allocated and is not shared yet.
             let dst = unsafe { std::slice::from_raw_parts_mut(new.as_mut_ptr(), new_len) };
-            for (d, s) in dst
-                .chunks_exact_mut(slots * row)
-                .zip(src.chunks_exact(old_slots * row))
-            {
-                if let Some(d) = d.get_mut(..old_slots * row) {
+            for (d, s) in dst.chunks_exact_mut(new_run).zip(src.chunks_exact(old_run)) {
+                if let Some(d) = d.get_mut(..old_run) {
                     d.copy_from_slice(s);
                 }
             }
@@ -119,21 +126,33 @@ impl Pool {
         count: usize,
     ) -> Result<()> {
         let row = self.head_dim;
-        let span = count * row;
-        if t0 + count > t_total
-            || slot + count > self.slots
-            || k_new.len() != self.n_heads * t_total * row
-            || v_new.len() != k_new.len()
-        {
-            return Err(CacheError::InvalidArgument(format!(
+        let out_of_bounds = || {
+            CacheError::InvalidArgument(format!(
                 "pool write out of bounds: tokens {t0}+{count} of {t_total}, slots {slot}+{count} of {}",
                 self.slots
-            )));
+            ))
+        };
+        let span = count.checked_mul(row).ok_or_else(out_of_bounds)?;
+        let src_len = self
+            .n_heads
+            .checked_mul(t_total)
+            .and_then(|x| x.checked_mul(row))
+            .ok_or_else(out_of_bounds)?;
+        if t0.checked_add(count).is_none_or(|e| e > t_total)
+            || slot.checked_add(count).is_none_or(|e| e > self.slots)
+            || k_new.len() != src_len
+            || v_new.len() != k_new.len()
+        {
+            return Err(out_of_bounds());
         }
         for (buf, src) in [(&self.k, k_new), (&self.v, v_new)] {
             for h in 0..self.n_heads {
-                let s0 = (h * t_total + t0) * row;
-                let d0 = (h * self.slots + slot) * row;
+                // Bounded by the checks above: h < n_heads, t0 + count <= t_total and
+                // n_heads * t_total * row == src.len(); slot + count <= slots and
+                // n_heads * slots * row == buf.len() (bounded by CacheConfig::validate).
+                #[allow(clippy::arithmetic_side_effects)]
+                let (s0, d0) = ((h * t_total + t0) * row, (h * self.slots + slot) * row);
+                #[allow(clippy::arithmetic_side_effects)]
                 let from = src.get(s0..s0 + span).ok_or_else(|| {
                     CacheError::InvalidArgument("pool write: source too short".to_string())
                 })?;

@@ -71,7 +71,7 @@ impl KvSequenceCache {
     pub fn begin_step(&mut self, n_tokens: usize) -> Result<usize> {
         let pos = self.seq.begin_step(n_tokens)?;
         self.positions.clear();
-        self.positions.extend(pos..pos + n_tokens);
+        self.positions.extend(pos..pos.saturating_add(n_tokens));
         Ok(pos)
     }
 
@@ -131,7 +131,7 @@ impl KvSequenceCache {
         let mut t0 = 0;
         for run in plan.write.as_slice() {
             pool.write_rows(k_new, v_new, plan.n_tokens, t0, run.start, run.len)?;
-            t0 += run.len;
+            t0 = t0.saturating_add(run.len);
         }
         self.spec_for(layer, &plan)
     }

@@ -49,7 +49,7 @@ impl SequenceCache {
                 Some(i) => i,
                 None => {
                     policies.push(p);
-                    policies.len() - 1
+                    policies.len().saturating_sub(1)
                 }
             };
             layer_policy.push(idx);
@@ -138,7 +138,8 @@ impl SequenceCache {
             )));
         }
         let position = self.length;
-        self.length += n_tokens;
+        // can_extend checked length + n_tokens <= capacity.
+        self.length = self.length.saturating_add(n_tokens);
         self.high_water = self.high_water.max(self.length);
         self.step = Some(Step { position, n_tokens });
         self.generation = self.generation.wrapping_add(1);

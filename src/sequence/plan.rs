@@ -23,7 +23,7 @@ pub struct SeqStepPlan {
 
 impl SeqStepPlan {
     pub(crate) fn build(policy: LayerPolicy, depth: usize, position: usize, n: usize) -> Self {
-        let end = position + n;
+        let end = position.saturating_add(n);
         match policy {
             LayerPolicy::Flat => SeqStepPlan {
                 position,
@@ -42,10 +42,10 @@ impl SeqStepPlan {
             },
             LayerPolicy::Ring { window } => {
                 // The earliest query (at `position`) needs keys from position - window + 1.
-                let lo = (position + 1).saturating_sub(window);
+                let lo = position.saturating_add(1).saturating_sub(window);
                 let mask = if n == 1 {
                     MaskKind::None
-                } else if end - lo <= window {
+                } else if end.saturating_sub(lo) <= window {
                     // Every read row is within the window of every query.
                     MaskKind::Causal
                 } else {
@@ -55,7 +55,7 @@ impl SeqStepPlan {
                     position,
                     n_tokens: n,
                     write: Runs::ring(position, n, depth),
-                    read: Runs::ring(lo, end - lo, depth),
+                    read: Runs::ring(lo, end.saturating_sub(lo), depth),
                     read_base_pos: lo,
                     mask,
                     depth,
