@@ -39,6 +39,7 @@ const TAG_WK: u64 = 3;
 const TAG_WV: u64 = 4;
 const TAG_WO: u64 = 5;
 const TAG_PROMPT: u64 = 6;
+const TAG_OUT: u64 = 7;
 
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -135,10 +136,10 @@ impl Args {
 
 /// f32 weights, row-major: `emb [vocab, hidden]`, `wq [hidden, q_heads *
 /// head_dim]`, `wk`/`wv [hidden, kv_heads * head_dim]`, `wo [q_heads *
-/// head_dim, hidden]`; `emb_t` is `emb` transposed, for the logits.
+/// head_dim, hidden]`; `out [hidden, vocab]` the untied output head.
 struct Weights {
     emb: Vec<f32>,
-    emb_t: Vec<f32>,
+    out: Vec<f32>,
     wq: Vec<Vec<f32>>,
     wk: Vec<Vec<f32>>,
     wv: Vec<Vec<f32>>,
@@ -158,12 +159,6 @@ fn make_weights(a: &Args) -> Weights {
     let emb: Vec<f32> = uniform(stream_key(a.seed, TAG_EMB, 0), a.vocab * a.hidden)
         .map(|u| u as f32)
         .collect();
-    let mut emb_t = vec![0.0f32; emb.len()];
-    for (v, row) in emb.chunks_exact(a.hidden).enumerate() {
-        for (j, &e) in row.iter().enumerate() {
-            emb_t[j * a.vocab + v] = e;
-        }
-    }
     let per_layer = |tag: u64, rows: usize, cols: usize| -> Vec<Vec<f32>> {
         (0..a.layers).map(|i| mat(tag, i, rows, cols)).collect()
     };
@@ -172,8 +167,8 @@ fn make_weights(a: &Args) -> Weights {
         wk: per_layer(TAG_WK, a.hidden, kd),
         wv: per_layer(TAG_WV, a.hidden, kd),
         wo: per_layer(TAG_WO, qd, a.hidden),
+        out: mat(TAG_OUT, 0, a.hidden, a.vocab),
         emb,
-        emb_t,
     }
 }
 
@@ -282,13 +277,13 @@ fn unheads(x: &[f32], t: usize, n: usize, d: usize) -> Vec<f32> {
 }
 
 /// Greedy choice from the final hidden states `[t, hidden]`:
-/// `argmax(rms_norm(x) · embᵀ)`, the first index on ties (like `np.argmax`).
+/// `argmax(rms_norm(x) · out)`, the first index on ties (like `np.argmax`).
 fn next_tokens(a: &Args, w: &Weights, x: &[f32], t: usize, threads: usize) -> Vec<usize> {
     let logits = matmul(
         &rms_norm(x, a.hidden),
         t,
         a.hidden,
-        &w.emb_t,
+        &w.out,
         a.vocab,
         threads,
     );

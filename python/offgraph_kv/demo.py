@@ -160,7 +160,7 @@ def run_demo(
         x = forward(step_tokens, ids, [prefix + m] * n_seqs)
         for i in checked:
             recorded[(i, prefix + m)] = x[i]
-        step_tokens = next_tokens(w.emb, x)
+        step_tokens = next_tokens(w.out, x)
         bar("decode", m + 1, decode)
     decode_s = time.perf_counter() - t0
 

@@ -4,8 +4,8 @@ Everything derives from a counter-based generator (splitmix64 over an index),
 so the Rust runner (``examples/runner.rs``) rebuilds the very same weights and
 prompts without Python. The model: token embeddings; per layer an RMS norm,
 Q/K/V projections into grouped-query heads, attention through the KV cache, an
-output projection added to the residual stream; a final RMS norm and tied
-embeddings for greedy next-token choice. Layers follow a Gemma-like 5:1
+output projection added to the residual stream; a final RMS norm and an
+output head for greedy next-token choice. Layers follow a Gemma-like 5:1
 pattern: every sixth layer is flat (global), the others a ring of ``window``.
 """
 
@@ -50,7 +50,7 @@ def integers(key: np.uint64, n: int, bound: int) -> np.ndarray:
     return (bits % np.uint64(bound)).astype(np.int64)
 
 
-TAG_EMB, TAG_WQ, TAG_WK, TAG_WV, TAG_WO, TAG_PROMPT = 1, 2, 3, 4, 5, 6
+TAG_EMB, TAG_WQ, TAG_WK, TAG_WV, TAG_WO, TAG_PROMPT, TAG_OUT = 1, 2, 3, 4, 5, 6, 7
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,13 @@ class Weights:
     wk: list[np.ndarray]  # [hidden, n_kv_heads * head_dim]
     wv: list[np.ndarray]
     wo: list[np.ndarray]  # [n_q_heads * head_dim, hidden]
+    out: np.ndarray  # [hidden, vocab]: the (untied) output head
 
     def astype(self, dtype) -> Weights:
         return Weights(
             self.emb.astype(dtype),
             *([w.astype(dtype) for w in ws] for ws in (self.wq, self.wk, self.wv, self.wo)),
+            self.out.astype(dtype),
         )
 
 
@@ -101,6 +103,7 @@ def make_weights(cfg: DemoConfig) -> Weights:
         wk=[mat(TAG_WK, i, cfg.hidden, kd) for i in range(cfg.n_layers)],
         wv=[mat(TAG_WV, i, cfg.hidden, kd) for i in range(cfg.n_layers)],
         wo=[mat(TAG_WO, i, qd, cfg.hidden) for i in range(cfg.n_layers)],
+        out=mat(TAG_OUT, 0, cfg.hidden, cfg.vocab),
     )
 
 
@@ -149,6 +152,8 @@ def reference_hidden(cfg: DemoConfig, w: Weights, tokens: np.ndarray) -> np.ndar
     return x
 
 
-def next_tokens(w_emb: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Greedy choice from the final hidden states [T, hidden]."""
-    return np.argmax(rms_norm(x) @ w_emb.T, axis=-1)
+def next_tokens(w_out: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Greedy choice from the final hidden states [T, hidden]: an untied output
+    head, so the next token is not simply the most similar embedding (a tied
+    head makes every sequence repeat its own token)."""
+    return np.argmax(rms_norm(x) @ w_out, axis=-1)

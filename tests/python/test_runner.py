@@ -126,7 +126,7 @@ def test_runner_matches_the_reference_and_the_demo(case, tmp_path):
         scale = max(1.0, float(np.abs(ref[-1]).max()))
         err = float(np.abs(hidden[i] - ref[-1]).max()) / scale
         assert err <= 1e-4, f"sequence {i}: relative max error {err:.2e}"
-        logits = rms_norm(ref[prefix:]) @ w64.emb.T
+        logits = rms_norm(ref[prefix:]) @ w64.out
         for m, tok in enumerate(generated[i]):
             best = int(np.argmax(logits[m]))
             gap = logits[m, best] - logits[m, tok]
