@@ -117,10 +117,12 @@ pub fn f32_rows(
         .try_readonly()
         .map_err(|e| crate::errors::invalid_arg(format!("{what}: {e}")))?;
     out.clear();
+    // `as_slice` also accepts Fortran-contiguous arrays, whose memory order
+    // is not the logical C order: only a C-contiguous array is one memcpy.
     match ro.as_slice() {
-        Ok(s) => out.extend_from_slice(s),
-        // Non-contiguous or negative strides: copy in logical order.
-        Err(_) => out.extend(ro.as_array().iter().copied()),
+        Ok(s) if arr.is_c_contiguous() => out.extend_from_slice(s),
+        // Fortran order, non-contiguous or negative strides: copy in logical order.
+        _ => out.extend(ro.as_array().iter().copied()),
     }
     Ok(t)
 }

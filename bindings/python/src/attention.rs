@@ -95,9 +95,10 @@ pub fn attend<'py>(
         .try_readonly()
         .map_err(|e| invalid_arg(format!("q: {e}")))?;
     let owned;
+    // `as_slice` also accepts Fortran order (not the logical C order).
     let q_data: &[f32] = match ro.as_slice() {
-        Ok(s) => s,
-        Err(_) => {
+        Ok(s) if arr.is_c_contiguous() => s,
+        _ => {
             owned = ro.as_array().iter().copied().collect::<Vec<f32>>();
             &owned
         }
