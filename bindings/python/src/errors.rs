@@ -89,13 +89,13 @@ pub fn busy(what: &str) -> PyErr {
 
 /// Shared borrow of a cache object, `StepError` (not PyO3's `RuntimeError`,
 /// never a panic) when it is mutably borrowed.
-pub fn borrow<'a, 'py, T: PyClass>(b: &'a Bound<'py, T>, what: &str) -> PyResult<PyRef<'py, T>> {
+pub fn borrow<'py, T: PyClass>(b: &'a Bound<'py, T>, what: &str) -> PyResult<PyRef<'py, T>> {
     b.try_borrow().map_err(|_| busy(what))
 }
 
 /// Exclusive borrow of a cache object, `StepError` when borrowed elsewhere.
-pub fn borrow_mut<'a, 'py, T: PyClass<Frozen = pyo3::pyclass::boolean_struct::False>>(
-    b: &'a Bound<'py, T>,
+pub fn borrow_mut<'py, T: PyClass<Frozen = pyo3::pyclass::boolean_struct::False>>(
+    b: &Bound<'py, T>,
     what: &str,
 ) -> PyResult<PyRefMut<'py, T>> {
     b.try_borrow_mut().map_err(|_| busy(what))
