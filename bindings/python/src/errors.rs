@@ -89,7 +89,7 @@ pub fn busy(what: &str) -> PyErr {
 
 /// Shared borrow of a cache object, `StepError` (not PyO3's `RuntimeError`,
 /// never a panic) when it is mutably borrowed.
-pub fn borrow<'py, T: PyClass>(b: &'a Bound<'py, T>, what: &str) -> PyResult<PyRef<'py, T>> {
+pub fn borrow<'py, T: PyClass>(b: &Bound<'py, T>, what: &str) -> PyResult<PyRef<'py, T>> {
     b.try_borrow().map_err(|_| busy(what))
 }
 
