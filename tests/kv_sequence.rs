@@ -195,3 +195,32 @@ fn bad_rows_are_refused_and_write_nothing() {
     ));
     assert_eq!(cache.pool(0).unwrap().k(), before.as_slice());
 }
+
+#[test]
+fn a_pool_the_allocator_refuses_is_an_error_not_an_abort() {
+    // Valid (every field within its bound) but far beyond any machine: 2^59 floats.
+    let mut cfg = CacheConfig::new(
+        1 << 31,
+        1,
+        vec![LayerConfig::new(LayerPolicy::Flat, 4096, 65536)],
+    );
+    cfg.initial_capacity = 1 << 31;
+    assert_eq!(cfg.validate(), Ok(()));
+    let e = KvSequenceCache::new(cfg.clone()).unwrap_err();
+    assert!(
+        matches!(&e, CacheError::OutOfCapacity(m) if m.contains("cannot allocate")),
+        "{e}"
+    );
+    let e = offgraph_kv::KvCellCache::new(cfg, 1 << 20, 1).unwrap_err();
+    assert!(matches!(e, CacheError::OutOfCapacity(_)), "{e}");
+}
+
+#[test]
+fn growth_the_allocator_refuses_leaves_the_pool_as_it_was() {
+    // 2^30 slots x 4096 x 65536 floats cannot be had; the pool keeps its rows.
+    let mut pool = offgraph_kv::kv::Pool::new(4096, 65536, 1, 1 << 30).unwrap();
+    let before = (pool.slots(), pool.nbytes());
+    let e = pool.ensure(1 << 30).unwrap_err();
+    assert!(matches!(e, CacheError::OutOfCapacity(_)), "{e}");
+    assert_eq!((pool.slots(), pool.nbytes()), before);
+}

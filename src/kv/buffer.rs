@@ -5,7 +5,10 @@
 //! and the cache itself. Growth allocates a new buffer; old views keep the old
 //! one, whose bytes no longer change.
 
+use std::alloc::Layout;
 use std::sync::Arc;
+
+use crate::error::{CacheError, Result};
 
 /// Heap memory for `len` f32 values, freed when the last `Arc` goes.
 #[derive(Debug)]
@@ -23,11 +26,30 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    /// A zero-filled buffer.
-    pub fn zeroed(len: usize) -> Arc<Self> {
-        let boxed: Box<[f32]> = vec![0.0f32; len].into_boxed_slice();
-        let ptr = Box::into_raw(boxed) as *mut f32;
-        Arc::new(Buffer { ptr, len })
+    /// A zero-filled buffer; `OutOfCapacity` when the allocator refuses it
+    /// (a huge but valid config must not abort the process). Zeroed pages come
+    /// from the allocator (`alloc_zeroed`), so a large pool is not touched
+    /// until rows are written.
+    pub fn zeroed(len: usize) -> Result<Arc<Self>> {
+        let refuse = |why: &str| {
+            CacheError::OutOfCapacity(format!(
+                "pool: cannot allocate {len} f32 values ({} bytes): {why}",
+                len.saturating_mul(std::mem::size_of::<f32>())
+            ))
+        };
+        if len == 0 {
+            return Ok(Arc::new(Buffer {
+                ptr: std::ptr::NonNull::<f32>::dangling().as_ptr(),
+                len,
+            }));
+        }
+        let layout = Layout::array::<f32>(len).map_err(|_| refuse("size overflows"))?;
+        // SAFETY: the layout has a non-zero size (len > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
+        if ptr.is_null() {
+            return Err(refuse("the allocator refused"));
+        }
+        Ok(Arc::new(Buffer { ptr, len }))
     }
 
     pub fn len(&self) -> usize {
@@ -56,11 +78,12 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        // SAFETY: ptr/len were produced by Box::into_raw of a Box<[f32]> of this length.
-        unsafe {
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.ptr, self.len,
-            )));
+        if self.len == 0 {
+            return;
+        }
+        if let Ok(layout) = Layout::array::<f32>(self.len) {
+            // SAFETY: ptr was returned by alloc_zeroed with this very layout.
+            unsafe { std::alloc::dealloc(self.ptr as *mut u8, layout) };
         }
     }
 }

@@ -46,7 +46,7 @@ impl KvCellCache {
                 l.head_dim,
                 cfg.initial_capacity.min(n_cells),
                 n_cells,
-            ));
+            )?);
         }
         let vis = vec![Visibility::default(); cells.policies().len()];
         Ok(KvCellCache { cells, pools, vis })

@@ -23,17 +23,17 @@ impl Pool {
     // Sizes bounded by CacheConfig::validate: n_heads <= 2^12, slots <= depth <=
     // 2^31, head_dim <= 2^16, so n_heads * slots * head_dim < 2^59.
     #[allow(clippy::arithmetic_side_effects)]
-    pub fn new(n_heads: usize, head_dim: usize, initial: usize, depth: usize) -> Self {
+    pub fn new(n_heads: usize, head_dim: usize, initial: usize, depth: usize) -> Result<Self> {
         let slots = initial.clamp(1, depth.max(1));
         let len = n_heads * slots * head_dim;
-        Pool {
+        Ok(Pool {
             n_heads,
             head_dim,
             slots,
             depth,
-            k: Buffer::zeroed(len),
-            v: Buffer::zeroed(len),
-        }
+            k: Buffer::zeroed(len)?,
+            v: Buffer::zeroed(len)?,
+        })
     }
 
     pub fn slots(&self) -> usize {
@@ -96,8 +96,8 @@ impl Pool {
         #[allow(clippy::arithmetic_side_effects)]
         let (new_len, new_run, old_run) =
             (self.n_heads * slots * row, slots * row, self.slots * row);
-        let relayout = |old: &Buffer| -> Arc<Buffer> {
-            let new = Buffer::zeroed(new_len);
+        let relayout = |old: &Buffer| -> Result<Arc<Buffer>> {
+            let new = Buffer::zeroed(new_len)?;
             let src = old.as_slice();
             // SAFETY: `new` was just allocated and is not shared yet.
             let dst = unsafe { std::slice::from_raw_parts_mut(new.as_mut_ptr(), new_len) };
@@ -106,10 +106,13 @@ impl Pool {
                     d.copy_from_slice(s);
                 }
             }
-            new
+            Ok(new)
         };
-        self.k = relayout(&self.k);
-        self.v = relayout(&self.v);
+        // Both allocations succeed before either pool changes: a refused
+        // growth leaves the pool as it was.
+        let (k, v) = (relayout(&self.k)?, relayout(&self.v)?);
+        self.k = k;
+        self.v = v;
         self.slots = slots;
         Ok(())
     }

@@ -33,7 +33,7 @@ impl KvSequenceCache {
                 l.head_dim,
                 cfg.initial_capacity,
                 depth,
-            ));
+            )?);
         }
         let positions = Vec::with_capacity(cfg.max_step);
         Ok(KvSequenceCache {

@@ -127,3 +127,14 @@ def test_update_needs_an_open_step():
     with pytest.raises(okv.StepError):
         kv.update(0, np.ones((2, 1, 4), np.float32), np.ones((2, 1, 4), np.float32))
     assert kv.length == 0
+
+
+def test_a_pool_the_allocator_refuses_raises_capacity_error():
+    huge = okv.CacheConfig(
+        2**31, 1, okv.LayerConfig(okv.Flat(), 4096, 65536), initial_capacity=2**31
+    )
+    huge.validate()
+    with pytest.raises(okv.CapacityError, match="cannot allocate"):
+        okv.KvSequenceCache(huge)
+    with pytest.raises(okv.CapacityError, match="cannot allocate"):
+        okv.KvCellCache(huge, 2**20, n_seq_max=1)
