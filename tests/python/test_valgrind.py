@@ -15,6 +15,7 @@ import offgraph_kv
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE.parent / "valgrind" / "views_scenario.py"
+SUPPRESSIONS = HERE.parent / "valgrind" / "python.supp"
 NATIVE = Path(offgraph_kv._native.__file__).name
 
 
@@ -81,6 +82,7 @@ def test_views_scenario_is_clean_under_memcheck(tmp_path):
             "--xml=yes",
             f"--xml-file={xml_file}",
             "--num-callers=40",
+            f"--suppressions={SUPPRESSIONS}",
             sys.executable,
             str(SCENARIO),
         ],
@@ -94,4 +96,39 @@ def test_views_scenario_is_clean_under_memcheck(tmp_path):
     xml = xml_file.read_text()
     assert "<error>" in xml or "</valgrindoutput>" in xml
     errors = project_errors(xml)
+    assert errors == [], errors
+
+
+def test_byte_layer_and_view_tests_are_clean_under_memcheck(tmp_path):
+    """The byte-layer and cell Python tests, run whole under memcheck."""
+    valgrind = shutil.which("valgrind")
+    assert valgrind, "valgrind is installed by the test command"
+    xml_file = tmp_path / "memcheck.xml"
+    env = dict(os.environ, PYTHONMALLOC="malloc")
+    tests = [str(HERE / "test_kv_sequence.py"), str(HERE / "test_cell.py")]
+    proc = subprocess.run(
+        [
+            valgrind,
+            "--tool=memcheck",
+            "--leak-check=no",
+            "--xml=yes",
+            f"--xml-file={xml_file}",
+            "--num-callers=40",
+            f"--suppressions={SUPPRESSIONS}",
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *tests,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
+    errors = project_errors(xml_file.read_text())
     assert errors == [], errors
