@@ -17,3 +17,7 @@ echo "==> cargo test --workspace"
 cargo test --workspace --release
 echo "==> pytest"
 python -m pytest -q tests/python
+echo "==> valgrind memcheck over the Rust tests"
+./scripts/valgrind-rust.sh
+echo "==> fuzz (cargo fuzz, fixed budget)"
+./scripts/fuzz.sh
