@@ -13,11 +13,25 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "==> ruff"
 ruff check python tests benches
 ruff format --check python tests benches
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
 echo "==> cargo test --workspace"
-cargo test --workspace --release
+cargo test --workspace --release 2>&1 | tee -a "$log"
 echo "==> pytest"
-python -m pytest -q tests/python
+python -m pytest -q tests/python 2>&1 | tee -a "$log"
 echo "==> valgrind memcheck over the Rust tests"
 ./scripts/valgrind-rust.sh
 echo "==> fuzz (cargo fuzz, fixed budget)"
 ./scripts/fuzz.sh
+
+# One closing line for the whole run: cargo's and pytest's counts added up.
+python - "$log" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+passed = sum(int(n) for n in re.findall(r"test result: \w+\. (\d+) passed", text))
+failed = sum(int(n) for n in re.findall(r"test result: \w+\. \d+ passed; (\d+) failed", text))
+m = re.findall(r"^(\d+) passed(?:, (\d+) failed)?", text, flags=re.M)
+passed += sum(int(a) for a, _ in m)
+failed += sum(int(b or 0) for _, b in m)
+print(f"tests: {passed} passed, {failed} failed")
+PY
