@@ -72,8 +72,10 @@ class DemoResult:
 
 
 class _Progress:
+    """A one-line bar on stderr; only when stderr is a terminal (logs stay clean)."""
+
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+        self.enabled = enabled and sys.stderr.isatty()
 
     def __call__(self, label: str, done: int, total: int) -> None:
         if not self.enabled:
