@@ -2,7 +2,7 @@
 //! cells of the table that layer reads (flat layers: the full table; ring
 //! layers: the ring table). Pools double up to `n_cells` rows.
 
-use super::{check_rows, Pool};
+use super::{check_rows, LayerPools, Pool};
 use crate::cell::{CellCache, CellStepPlan, SeqId};
 use crate::config::CacheConfig;
 use crate::error::{CacheError, Result};
@@ -29,7 +29,7 @@ struct Visibility {
 #[derive(Debug)]
 pub struct KvCellCache {
     cells: CellCache,
-    pools: Vec<Pool>,
+    pools: LayerPools,
     /// Per distinct policy of the cell cache.
     vis: Vec<Visibility>,
 }
@@ -38,16 +38,8 @@ impl KvCellCache {
     pub fn new(cfg: CacheConfig, n_cells: usize, n_seq_max: usize) -> Result<Self> {
         let cells = CellCache::new(cfg, n_cells, n_seq_max)?;
         let cfg = cells.config();
-        let mut pools = Vec::with_capacity(cfg.n_layers);
-        for layer in 0..cfg.n_layers {
-            let l = cfg.layer(layer)?;
-            pools.push(Pool::new(
-                l.n_kv_heads,
-                l.head_dim,
-                cfg.initial_capacity.min(n_cells),
-                n_cells,
-            )?);
-        }
+        // Every layer's pool is indexed by the cells of its table: n_cells deep.
+        let pools = LayerPools::new(cfg, |_, _| Ok(n_cells))?;
         let vis = vec![Visibility::default(); cells.policies().len()];
         Ok(KvCellCache { cells, pools, vis })
     }
@@ -80,20 +72,17 @@ impl KvCellCache {
     }
 
     pub fn pool(&self, layer: usize) -> Result<&Pool> {
-        self.pools.get(layer).ok_or_else(|| {
-            CacheError::InvalidArgument(format!(
-                "layer {layer} out of range: the cache has {} layers",
-                self.pools.len()
-            ))
-        })
+        self.pools.get(layer)
     }
 
+    /// Bytes the pools of `layer` hold.
     pub fn nbytes(&self, layer: usize) -> Result<usize> {
-        Ok(self.pool(layer)?.nbytes())
+        self.pools.nbytes(layer)
     }
 
+    /// Bytes all pools hold.
     pub fn nbytes_total(&self) -> usize {
-        self.pools.iter().map(Pool::nbytes).sum()
+        self.pools.nbytes_total()
     }
 
     /// Writes the open step's rows of `layer` (`k_new`, `v_new`:
@@ -101,10 +90,7 @@ impl KvCellCache {
     /// spec. Refused calls write nothing.
     pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
         let plan = self.cells.plan(layer)?;
-        let pool = self
-            .pools
-            .get_mut(layer)
-            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} out of range")))?;
+        let pool = self.pools.get_mut(layer)?;
         let t = plan.n_tokens();
         check_rows(k_new, v_new, pool.n_heads(), t, pool.head_dim())?;
         let max_cell = plan

@@ -6,11 +6,13 @@
 mod buffer;
 mod cell;
 mod pool;
+mod pools;
 mod seq;
 
 pub use buffer::Buffer;
 pub use cell::KvCellCache;
 pub use pool::Pool;
+pub use pools::LayerPools;
 pub use seq::KvSequenceCache;
 
 use crate::error::{CacheError, Result};

@@ -1,8 +1,8 @@
 //! `KvSequenceCache`: a `SequenceCache` plus one K/V pool per layer.
 
-use super::{check_rows, Pool};
+use super::{check_rows, LayerPools, Pool};
 use crate::config::CacheConfig;
-use crate::error::{CacheError, Result};
+use crate::error::Result;
 use crate::sequence::{SeqStepPlan, SequenceCache};
 use crate::spec::{AttendSpec, KeyLayout};
 
@@ -15,7 +15,7 @@ use crate::spec::{AttendSpec, KeyLayout};
 #[derive(Debug)]
 pub struct KvSequenceCache {
     seq: SequenceCache,
-    pools: Vec<Pool>,
+    pools: LayerPools,
     /// Query positions of the open step (reused; grows at most to max_step).
     positions: Vec<usize>,
 }
@@ -24,17 +24,7 @@ impl KvSequenceCache {
     pub fn new(cfg: CacheConfig) -> Result<Self> {
         let seq = SequenceCache::new(cfg)?;
         let cfg = seq.config();
-        let mut pools = Vec::with_capacity(cfg.n_layers);
-        for layer in 0..cfg.n_layers {
-            let l = cfg.layer(layer)?;
-            let depth = cfg.depth(l.policy);
-            pools.push(Pool::new(
-                l.n_kv_heads,
-                l.head_dim,
-                cfg.initial_capacity,
-                depth,
-            )?);
-        }
+        let pools = LayerPools::new(cfg, |cfg, layer| Ok(cfg.depth(cfg.layer(layer)?.policy)))?;
         let positions = Vec::with_capacity(cfg.max_step);
         Ok(KvSequenceCache {
             seq,
@@ -90,24 +80,17 @@ impl KvSequenceCache {
     }
 
     pub fn pool(&self, layer: usize) -> Result<&Pool> {
-        self.pools.get(layer).ok_or_else(|| self.layer_error(layer))
+        self.pools.get(layer)
     }
 
     /// Bytes the pools of `layer` hold.
     pub fn nbytes(&self, layer: usize) -> Result<usize> {
-        Ok(self.pool(layer)?.nbytes())
+        self.pools.nbytes(layer)
     }
 
     /// Bytes all pools hold.
     pub fn nbytes_total(&self) -> usize {
-        self.pools.iter().map(Pool::nbytes).sum()
-    }
-
-    fn layer_error(&self, layer: usize) -> CacheError {
-        CacheError::InvalidArgument(format!(
-            "layer {layer} out of range: the cache has {} layers",
-            self.pools.len()
-        ))
+        self.pools.nbytes_total()
     }
 
     /// Writes the open step's rows of `layer` (`k_new`, `v_new`:
@@ -115,10 +98,7 @@ impl KvSequenceCache {
     /// Refused calls write nothing.
     pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
         let plan = self.seq.plan(layer)?;
-        let pool = self
-            .pools
-            .get_mut(layer)
-            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} out of range")))?;
+        let pool = self.pools.get_mut(layer)?;
         check_rows(k_new, v_new, pool.n_heads(), plan.n_tokens, pool.head_dim())?;
         let needed = plan
             .write
