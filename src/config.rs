@@ -172,6 +172,25 @@ impl CacheConfig {
         })
     }
 
+    /// The distinct policies in first-seen layer order, and for each layer the
+    /// index of its policy: layers that share a policy share a plan.
+    pub fn distinct_policies(&self) -> Result<(Vec<LayerPolicy>, Vec<usize>)> {
+        let mut policies: Vec<LayerPolicy> = Vec::new();
+        let mut layer_policy = Vec::with_capacity(self.n_layers);
+        for layer in 0..self.n_layers {
+            let p = self.layer(layer)?.policy;
+            let idx = match policies.iter().position(|q| *q == p) {
+                Some(i) => i,
+                None => {
+                    policies.push(p);
+                    policies.len().saturating_sub(1)
+                }
+            };
+            layer_policy.push(idx);
+        }
+        Ok((policies, layer_policy))
+    }
+
     /// Slots a layer of this policy ever needs: flat keeps `capacity`;
     /// a ring keeps `window + max_step - 1` (capped at `capacity`), which lets a
     /// multi-token step keep every key its earliest query needs.

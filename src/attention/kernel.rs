@@ -83,6 +83,28 @@ pub(crate) struct State<'a> {
     pub sc: &'a mut [f32],
 }
 
+impl State<'_> {
+    /// Folds one tile's softmax of row `r` (new running max `mn`, its sum of
+    /// `2^(s - mn)`) into the running state, rescaling the accumulator when
+    /// the max grew. Shared by the native and XNNPACK paths.
+    #[inline(always)]
+    pub(crate) fn fold_row(&mut self, r: usize, mn: f32, sum: f32, hd: usize) {
+        let m_old = self.m[r];
+        if m_old == f32::NEG_INFINITY {
+            self.l[r] = sum;
+        } else if mn > m_old {
+            let alpha = exp2(m_old - mn);
+            self.l[r] = self.l[r] * alpha + sum;
+            for x in &mut self.acc[r * hd..(r + 1) * hd] {
+                *x *= alpha;
+            }
+        } else {
+            self.l[r] += sum;
+        }
+        self.m[r] = mn;
+    }
+}
+
 /// `2^x` for `x <= 0` to ~1e-7 relative; 0 below -126 (and for -inf).
 /// Pure arithmetic on bits so loops over it vectorise.
 #[inline(always)]
@@ -155,18 +177,7 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
                 let m_old = st.m[r];
                 // SAFETY: lo < j + nk and hi > j, so va < vb <= nk <= KT; CPU per our contract.
                 let (mn, sum) = unsafe { I::softmax_row(row, va, vb, m_old) };
-                if m_old == f32::NEG_INFINITY {
-                    st.l[r] = sum;
-                } else if mn > m_old {
-                    let alpha = exp2(m_old - mn);
-                    st.l[r] = st.l[r] * alpha + sum;
-                    for x in &mut st.acc[r * hd..(r + 1) * hd] {
-                        *x *= alpha;
-                    }
-                } else {
-                    st.l[r] += sum;
-                }
-                st.m[r] = mn;
+                st.fold_row(r, mn, sum, hd);
                 any = true;
             }
             if any {

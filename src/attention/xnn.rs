@@ -230,18 +230,7 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
                     *s = exp2(*s - mn);
                     sum += *s;
                 }
-                if m_old == f32::NEG_INFINITY {
-                    st.l[r] = sum;
-                } else if mn > m_old {
-                    let alpha = exp2(m_old - mn);
-                    st.l[r] = st.l[r] * alpha + sum;
-                    for v in &mut st.acc[r * hd..(r + 1) * hd] {
-                        *v *= alpha;
-                    }
-                } else {
-                    st.l[r] += sum;
-                }
-                st.m[r] = mn;
+                st.fold_row(r, mn, sum, hd);
                 any = true;
             }
             if any {

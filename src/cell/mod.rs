@@ -291,19 +291,7 @@ impl CellCache {
                     "n_cells {n_cells} x n_seq_max {n_seq_max}: owner bitsets would need more than {MAX_OWNER_WORDS} words"
                 ))
             })?;
-        let mut policies: Vec<LayerPolicy> = Vec::new();
-        let mut layer_policy = Vec::with_capacity(cfg.n_layers);
-        for layer in 0..cfg.n_layers {
-            let p = cfg.layer(layer)?.policy;
-            let idx = match policies.iter().position(|q| *q == p) {
-                Some(i) => i,
-                None => {
-                    policies.push(p);
-                    policies.len().saturating_sub(1)
-                }
-            };
-            layer_policy.push(idx);
-        }
+        let (policies, layer_policy) = cfg.distinct_policies()?;
         let has_flat = policies.contains(&LayerPolicy::Flat);
         let ring_window = policies
             .iter()

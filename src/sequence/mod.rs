@@ -41,19 +41,7 @@ impl SequenceCache {
     /// Validates `cfg` and builds an empty cache.
     pub fn new(cfg: CacheConfig) -> Result<Self> {
         cfg.validate()?;
-        let mut policies: Vec<LayerPolicy> = Vec::new();
-        let mut layer_policy = Vec::with_capacity(cfg.n_layers);
-        for layer in 0..cfg.n_layers {
-            let p = cfg.layer(layer)?.policy;
-            let idx = match policies.iter().position(|q| *q == p) {
-                Some(i) => i,
-                None => {
-                    policies.push(p);
-                    policies.len().saturating_sub(1)
-                }
-            };
-            layer_policy.push(idx);
-        }
+        let (policies, layer_policy) = cfg.distinct_policies()?;
         Ok(SequenceCache {
             cfg,
             policies,
