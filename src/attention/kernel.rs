@@ -8,6 +8,11 @@
 //! softmax state is updated, and the ISA accumulates `P · V` (each V row loaded
 //! once per block). Only rows inside the segments are ever addressed.
 //!
+//! The tiles are software-pipelined: the scores of tile t+1 are computed in
+//! the same step as `P · V` of tile t (`Isa::scores_pv`, two score buffers),
+//! and the AVX-512 decode path (≤ 4 rows) interleaves the two in groups of 4
+//! keys so the K and V streams are in flight together.
+//!
 //! Scores live in the log2 domain: `q` is pre-scaled by `scale · log2(e)` and
 //! the kernel uses `exp2`.
 // Kernel module: every index below is bounded by the block geometry that
@@ -42,6 +47,39 @@ pub(crate) trait Isa: Copy {
     /// `p` holds `nr * KT` floats, `v` holds `nk * hd` floats, `acc` holds
     /// `nr * hd` floats, `nk <= KT`, and the CPU supports the ISA.
     unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32);
+
+    /// `scores` of the next tile (`k`, `nk` keys, into `sc`) and `pv` of the
+    /// previous one (`p`, `v`, `nkp` keys, into `acc`); `nk == 0` or `nkp == 0`
+    /// skips that half. ISAs may interleave the two so K and V loads are in
+    /// flight together; the default runs them one after the other.
+    ///
+    /// # Safety
+    /// The contracts of `scores` (for `nk > 0`) and `pv` (for `nkp > 0`), and
+    /// `sc` does not overlap `p`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_pv(
+        qs: *const f32,
+        nr: usize,
+        k: *const f32,
+        nk: usize,
+        sc: *mut f32,
+        p: *const f32,
+        v: *const f32,
+        nkp: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        // SAFETY: forwarded contracts.
+        unsafe {
+            if nk > 0 {
+                Self::scores(qs, nr, k, nk, hd, sc);
+            }
+            if nkp > 0 {
+                Self::pv(p, nr, v, nkp, hd, acc);
+            }
+        }
+    }
 
     /// One row's softmax step over a score tile: lanes outside `[va, vb)`
     /// become 0, the others `exp2(s - mn)` with `mn = max(m_old, max of the
@@ -79,7 +117,7 @@ pub(crate) struct State<'a> {
     pub m: &'a mut [f32],
     pub l: &'a mut [f32],
     pub acc: &'a mut [f32],
-    /// Score tile scratch, `RB * KT`.
+    /// Score tile scratch: two tiles of `RB * KT` (the pipeline's double buffer).
     pub sc: &'a mut [f32],
 }
 
@@ -89,20 +127,26 @@ impl State<'_> {
     /// the max grew. Shared by the native and XNNPACK paths.
     #[inline(always)]
     pub(crate) fn fold_row(&mut self, r: usize, mn: f32, sum: f32, hd: usize) {
-        let m_old = self.m[r];
-        if m_old == f32::NEG_INFINITY {
-            self.l[r] = sum;
-        } else if mn > m_old {
-            let alpha = exp2(m_old - mn);
-            self.l[r] = self.l[r] * alpha + sum;
-            for x in &mut self.acc[r * hd..(r + 1) * hd] {
-                *x *= alpha;
-            }
-        } else {
-            self.l[r] += sum;
-        }
-        self.m[r] = mn;
+        fold_row(self.m, self.l, self.acc, r, mn, sum, hd);
     }
+}
+
+/// [`State::fold_row`] on the state's parts (so the score buffers can stay borrowed).
+#[inline(always)]
+fn fold_row(m: &mut [f32], l: &mut [f32], acc: &mut [f32], r: usize, mn: f32, sum: f32, hd: usize) {
+    let m_old = m[r];
+    if m_old == f32::NEG_INFINITY {
+        l[r] = sum;
+    } else if mn > m_old {
+        let alpha = exp2(m_old - mn);
+        l[r] = l[r] * alpha + sum;
+        for x in &mut acc[r * hd..(r + 1) * hd] {
+            *x *= alpha;
+        }
+    } else {
+        l[r] += sum;
+    }
+    m[r] = mn;
 }
 
 /// `2^x` for `x <= 0` to ~1e-7 relative; 0 below -126 (and for -inf).
@@ -146,46 +190,75 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
     if lo_all >= hi_all {
         return;
     }
-    let mut base = 0usize;
-    for seg in b.segs {
-        let seg_lo = base;
-        let seg_hi = base + seg.len;
-        base = seg_hi;
+    // Tiles as (first pool row, keys, concatenated index of the first key).
+    let tiles = b.segs.iter().scan(0usize, |base, seg| {
+        let seg_lo = *base;
+        *base += seg.len;
+        Some((seg, seg_lo))
+    });
+    let tiles = tiles.flat_map(|(seg, seg_lo)| {
         let a = seg_lo.max(lo_all);
-        let e = seg_hi.min(hi_all);
-        let mut j = a;
-        while j < e {
-            let nk = KT.min(e - j);
-            let row0 = seg.start + (j - seg_lo);
-            let kt = &b.k[row0 * hd..(row0 + nk) * hd];
-            let vt = &b.v[row0 * hd..(row0 + nk) * hd];
-            // SAFETY: qs has nr*hd floats, kt has nk*hd, sc has RB*KT >= nr*KT; nk <= KT.
-            unsafe { I::scores(b.qs.as_ptr(), nr, kt.as_ptr(), nk, hd, st.sc.as_mut_ptr()) };
-            let mut any = false;
-            for r in 0..nr {
-                let (lo, hi) = (b.lo[r], b.hi[r]);
-                let Some(row) = st.sc[r * KT..(r + 1) * KT].first_chunk_mut::<KT>() else {
-                    continue;
-                };
-                if lo >= j + nk || hi <= j || lo >= hi {
-                    row.fill(0.0);
-                    continue;
-                }
-                // Visible keys of this tile, as lanes [va, vb) of the row.
-                let va = lo.saturating_sub(j);
-                let vb = (hi - j).min(nk);
-                let m_old = st.m[r];
-                // SAFETY: lo < j + nk and hi > j, so va < vb <= nk <= KT; CPU per our contract.
-                let (mn, sum) = unsafe { I::softmax_row(row, va, vb, m_old) };
-                st.fold_row(r, mn, sum, hd);
-                any = true;
+        let e = (seg_lo + seg.len).min(hi_all);
+        (a..e)
+            .step_by(KT)
+            .map(move |j| (seg.start + (j - seg_lo), KT.min(e - j), j))
+    });
+    // Software pipeline: the scores of tile t+1 go with P·V of tile t (two
+    // score buffers), so K and V loads of neighbouring tiles overlap.
+    let State { m, l, acc, sc } = st;
+    let (sc0, sc1) = sc.split_at_mut(RB * KT);
+    let mut bufs = [sc0, sc1];
+    // Previous tile: (first pool row, keys to accumulate; 0 when no row saw it).
+    let mut prev = (0usize, 0usize);
+    let mut cur = 0usize;
+    for (row0, nk, j) in tiles {
+        let kt = &b.k[row0 * hd..(row0 + nk) * hd];
+        let vp = &b.v[prev.0 * hd..(prev.0 + prev.1) * hd];
+        let [b0, b1] = &mut bufs;
+        let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
+        // SAFETY: qs has nr*hd floats, kt nk*hd, each score buffer RB*KT >= nr*KT
+        // (distinct buffers), vp prev.1*hd, acc nr*hd; nk, prev.1 <= KT.
+        unsafe {
+            I::scores_pv(
+                b.qs.as_ptr(),
+                nr,
+                kt.as_ptr(),
+                nk,
+                sc.as_mut_ptr(),
+                p.as_ptr(),
+                vp.as_ptr(),
+                prev.1,
+                hd,
+                acc.as_mut_ptr(),
+            )
+        };
+        let mut any = false;
+        for r in 0..nr {
+            let (lo, hi) = (b.lo[r], b.hi[r]);
+            let Some(row) = sc[r * KT..(r + 1) * KT].first_chunk_mut::<KT>() else {
+                continue;
+            };
+            if lo >= j + nk || hi <= j || lo >= hi {
+                row.fill(0.0);
+                continue;
             }
-            if any {
-                // SAFETY: sc has nr*KT floats, vt nk*hd, acc nr*hd; nk <= KT.
-                unsafe { I::pv(st.sc.as_ptr(), nr, vt.as_ptr(), nk, hd, st.acc.as_mut_ptr()) };
-            }
-            j += nk;
+            // Visible keys of this tile, as lanes [va, vb) of the row.
+            let va = lo.saturating_sub(j);
+            let vb = (hi - j).min(nk);
+            let m_old = m[r];
+            // SAFETY: lo < j + nk and hi > j, so va < vb <= nk <= KT; CPU per our contract.
+            let (mn, sum) = unsafe { I::softmax_row(row, va, vb, m_old) };
+            fold_row(m, l, acc, r, mn, sum, hd);
+            any = true;
         }
+        prev = (row0, if any { nk } else { 0 });
+        cur ^= 1;
+    }
+    if prev.1 > 0 {
+        let vp = &b.v[prev.0 * hd..(prev.0 + prev.1) * hd];
+        let p = &bufs[cur ^ 1];
+        // SAFETY: p has nr*KT floats, vp prev.1*hd, acc nr*hd; prev.1 <= KT.
+        unsafe { I::pv(p.as_ptr(), nr, vp.as_ptr(), prev.1, hd, acc.as_mut_ptr()) };
     }
 }
 
@@ -349,7 +422,10 @@ pub(crate) mod avx512 {
     /// 48 KiB 4.8 ms; T2 4.6 ms (read floor 3.0 ms). Prefetching into L1 fills
     /// its few miss buffers; adding a second, short-distance T0 prefetch (1 or
     /// 4 KiB) on top of T1 made no measurable difference. With 64-key tiles
-    /// this is one tile (32 KiB) ahead.
+    /// this is one tile (32 KiB) ahead; in the pipelined decode step
+    /// (`scores_pv_rows`) K of tile t+1 and V of tile t are read together, so
+    /// both streams prefetch one pipeline step ahead (a V distance of 2 tiles
+    /// measured no better).
     const PF_BYTES: usize = 4 * KT * 128;
 
     #[inline(always)]
@@ -384,7 +460,169 @@ pub(crate) mod avx512 {
         }
     }
 
+    /// Dot products of 4 query rows with 4 key rows (`out[i * 4 + jj]`), K
+    /// prefetched ahead when `pf`.
+    ///
+    /// # Safety
+    /// Every pointer addresses a whole row of `hd` floats; AVX-512F.
+    #[inline(always)]
+    unsafe fn block4x4(
+        qp: &[*const f32; 4],
+        kp: &[*const f32; 4],
+        hd: usize,
+        pf: bool,
+    ) -> [f32; 16] {
+        let full = hd / 16;
+        let tm = tail_mask(hd % 16);
+        // SAFETY (whole fn): offsets stay below hd; the tail uses masked loads
+        // that touch only the row's own elements.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); 16];
+            for c in 0..full {
+                let o = c * 16;
+                let q = [
+                    _mm512_loadu_ps(qp[0].add(o)),
+                    _mm512_loadu_ps(qp[1].add(o)),
+                    _mm512_loadu_ps(qp[2].add(o)),
+                    _mm512_loadu_ps(qp[3].add(o)),
+                ];
+                for jj in 0..4 {
+                    let kv = _mm512_loadu_ps(kp[jj].add(o));
+                    if pf {
+                        prefetch(kp[jj].add(o));
+                    }
+                    for i in 0..4 {
+                        acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
+                    }
+                }
+            }
+            if tm != 0 {
+                let o = full * 16;
+                let q = [
+                    _mm512_maskz_loadu_ps(tm, qp[0].add(o)),
+                    _mm512_maskz_loadu_ps(tm, qp[1].add(o)),
+                    _mm512_maskz_loadu_ps(tm, qp[2].add(o)),
+                    _mm512_maskz_loadu_ps(tm, qp[3].add(o)),
+                ];
+                for jj in 0..4 {
+                    let kv = _mm512_maskz_loadu_ps(tm, kp[jj].add(o));
+                    for i in 0..4 {
+                        acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
+                    }
+                }
+            }
+            let mut out = [0.0f32; 16];
+            _mm512_storeu_ps(out.as_mut_ptr(), hsum16(&acc));
+            out
+        }
+    }
+
+    /// Keys per group of the pipelined decode step. Decode ctx 8192, 1 thread,
+    /// cold (alternating runs, medians): 4 keys 3.2-3.5 ms, 8 keys 3.4-3.8 ms,
+    /// 16 keys 3.2-3.9 ms, unpipelined 3.6-4.2 ms (read floor 2.5-3.0 ms).
+    const PG: usize = 4;
+
+    /// The pipelined decode step for `R <= 4` rows: groups of 8 keys, the
+    /// scores of the next tile's group (two 4×4 blocks) then P·V of the
+    /// previous tile's group with the accumulator rows in L1 (loaded and
+    /// stored per 16-column chunk), so the K and V streams are read side by side.
+    ///
+    /// # Safety
+    /// As [`Isa::scores_pv`] with `nr == R`, `hd % 16 == 0`; AVX-512F.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_pv_rows<const R: usize>(
+        qs: *const f32,
+        k: *const f32,
+        nk: usize,
+        sc: *mut f32,
+        p: *const f32,
+        v: *const f32,
+        nkp: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        let qp: [*const f32; 4] = core::array::from_fn(|i| qs.wrapping_add(i.min(R - 1) * hd));
+        let mut g = 0;
+        while g < nk.max(nkp) {
+            let mut j0 = g;
+            while j0 < nk.min(g + PG) {
+                let kp: [*const f32; 4] =
+                    core::array::from_fn(|i| k.wrapping_add((j0 + i).min(nk - 1) * hd));
+                // SAFETY: rows clamped into qs / k (contract of `scores`).
+                let sums = unsafe { block4x4(&qp, &kp, hd, true) };
+                for i in 0..R {
+                    for jj in 0..4.min(nk - j0) {
+                        // SAFETY: i < R = nr and j0+jj < nk <= KT: inside sc's nr*KT floats.
+                        unsafe { *sc.add(i * KT + j0 + jj) = sums[i * 4 + jj] };
+                    }
+                }
+                j0 += 4;
+            }
+            if g < nkp {
+                let n = (nkp - g).min(PG);
+                // SAFETY: rows g..g+n < nkp of v, R rows of p and acc, offsets < hd
+                // (contract of `pv`).
+                unsafe {
+                    let mut d = 0;
+                    while d < hd {
+                        let mut a: [__m512; R] =
+                            core::array::from_fn(|i| _mm512_loadu_ps(acc.add(i * hd + d)));
+                        for j in g..g + n {
+                            let vr = v.add(j * hd + d);
+                            let x = _mm512_loadu_ps(vr);
+                            prefetch(vr);
+                            for (i, ai) in a.iter_mut().enumerate() {
+                                *ai = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i * KT + j)), x, *ai);
+                            }
+                        }
+                        for (i, ai) in a.iter().enumerate() {
+                            _mm512_storeu_ps(acc.add(i * hd + d), *ai);
+                        }
+                        d += 16;
+                    }
+                }
+            }
+            g += PG;
+        }
+    }
+
     impl Isa for Avx512 {
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn scores_pv(
+            qs: *const f32,
+            nr: usize,
+            k: *const f32,
+            nk: usize,
+            sc: *mut f32,
+            p: *const f32,
+            v: *const f32,
+            nkp: usize,
+            hd: usize,
+            acc: *mut f32,
+        ) {
+            // SAFETY: forwarded contract; the fused path only for nr <= 4 and
+            // whole 16-float chunks.
+            unsafe {
+                if !hd.is_multiple_of(16) || nr > 4 {
+                    if nk > 0 {
+                        Self::scores(qs, nr, k, nk, hd, sc);
+                    }
+                    if nkp > 0 {
+                        Self::pv(p, nr, v, nkp, hd, acc);
+                    }
+                    return;
+                }
+                match nr {
+                    1 => scores_pv_rows::<1>(qs, k, nk, sc, p, v, nkp, hd, acc),
+                    2 => scores_pv_rows::<2>(qs, k, nk, sc, p, v, nkp, hd, acc),
+                    3 => scores_pv_rows::<3>(qs, k, nk, sc, p, v, nkp, hd, acc),
+                    _ => scores_pv_rows::<4>(qs, k, nk, sc, p, v, nkp, hd, acc),
+                }
+            }
+        }
+
         #[inline(always)]
         unsafe fn scores(
             qs: *const f32,
@@ -394,8 +632,6 @@ pub(crate) mod avx512 {
             hd: usize,
             sc: *mut f32,
         ) {
-            let full = hd / 16;
-            let tm = tail_mask(hd % 16);
             let mut r0 = 0;
             while r0 < nr {
                 // The first row block streams the tile: it prefetches ahead.
@@ -409,47 +645,8 @@ pub(crate) mod avx512 {
                     let kp: [*const f32; 4] =
                         core::array::from_fn(|i| k.wrapping_add((j0 + i).min(nk - 1) * hd));
                     // SAFETY: every pointer addresses a whole row of hd floats inside
-                    // qs / k (contract of `scores`); offsets stay below hd; the tail
-                    // uses masked loads that touch only the row's own elements.
-                    let sums = unsafe {
-                        let mut acc = [_mm512_setzero_ps(); 16];
-                        for c in 0..full {
-                            let o = c * 16;
-                            let q = [
-                                _mm512_loadu_ps(qp[0].add(o)),
-                                _mm512_loadu_ps(qp[1].add(o)),
-                                _mm512_loadu_ps(qp[2].add(o)),
-                                _mm512_loadu_ps(qp[3].add(o)),
-                            ];
-                            for jj in 0..4 {
-                                let kv = _mm512_loadu_ps(kp[jj].add(o));
-                                if pf {
-                                    prefetch(kp[jj].add(o));
-                                }
-                                for i in 0..4 {
-                                    acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
-                                }
-                            }
-                        }
-                        if tm != 0 {
-                            let o = full * 16;
-                            let q = [
-                                _mm512_maskz_loadu_ps(tm, qp[0].add(o)),
-                                _mm512_maskz_loadu_ps(tm, qp[1].add(o)),
-                                _mm512_maskz_loadu_ps(tm, qp[2].add(o)),
-                                _mm512_maskz_loadu_ps(tm, qp[3].add(o)),
-                            ];
-                            for jj in 0..4 {
-                                let kv = _mm512_maskz_loadu_ps(tm, kp[jj].add(o));
-                                for i in 0..4 {
-                                    acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
-                                }
-                            }
-                        }
-                        let mut out = [0.0f32; 16];
-                        _mm512_storeu_ps(out.as_mut_ptr(), hsum16(&acc));
-                        out
-                    };
+                    // qs / k (contract of `scores`).
+                    let sums = unsafe { block4x4(&qp, &kp, hd, pf) };
                     for i in 0..4.min(nr - r0) {
                         for jj in 0..4.min(nk - j0) {
                             // SAFETY: r0+i < nr and j0+jj < nk <= KT: inside sc's nr*KT floats.

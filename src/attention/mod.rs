@@ -685,7 +685,7 @@ fn run_task(
     let (r0, nr) = plan.block_rows(blk);
     let hd = plan.hd;
     let rb = plan.rb;
-    let need_f = rb * hd * 2 + rb * 2 + kernel::RB * kernel::KT;
+    let need_f = rb * hd * 2 + rb * 2 + 2 * kernel::RB * kernel::KT;
     if scr.f.len() < need_f {
         scr.f.resize(need_f, 0.0);
     }
