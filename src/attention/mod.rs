@@ -173,23 +173,22 @@ pub fn attend_into(
 ///
 /// Measured with `benches/attention.rs` (`ATTN_BENCH_QUICK=1`) on the 2-core
 /// AVX-512 machine (8 KV heads, 32 query heads, head_dim 128, cold cache,
-/// medians; the machine was shared, load average ~2-3, so 2-thread figures are
-/// unreliable). `native` after the L2-prefetch / vector-softmax rework (two runs,
-/// same binary run alternately with the previous kernel); `xnnpack` from the
-/// earlier run (its code is unchanged):
+/// criterion medians of one run after the software-pipelined kernel; the
+/// machine is shared, so runs vary by about ±10%):
 ///
-/// | shape                    | native (before) | native  | xnnpack | read floor |
-/// |--------------------------|-----------------|---------|---------|------------|
-/// | decode ctx 512, 1 thr    | 0.54–0.55 ms | 0.29–0.30 ms | 2.26 ms | 0.19–0.21 ms |
-/// | decode ctx 2048, 1 thr   | 2.13–2.16 ms | 1.15–1.20 ms | 8.44 ms | 0.77–0.79 ms |
-/// | decode ctx 8192, 1 thr   | 8.0–8.3 ms   | 4.2–4.4 ms   | 24–40 ms | 2.85–2.96 ms |
-/// | prefill T=128/2048, 1 thr| 94–95 ms     | 47.6–47.9 ms | 172–192 ms | FMA bound 35.5 ms |
-/// | prefill T=128/2048, 2 thr| 81–87 ms     | 42.2 ms      | 59–129 ms | FMA bound 17.8 ms |
+/// | shape                      | native   | xnnpack  | read floor |
+/// |----------------------------|----------|----------|------------|
+/// | decode ctx 512, 1 thr      | 0.20 ms  | 1.34 ms  | 0.14 ms    |
+/// | decode ctx 2048, 1 thr     | 0.85 ms  | 5.47 ms  | 0.62 ms    |
+/// | decode ctx 8192, 1 thr     | 3.28 ms  | 21.6 ms  | 2.52 ms    |
+/// | decode ctx 8192, 2 thr     | 2.44 ms  | 11.0 ms  | 2.21 ms    |
+/// | prefill T=128/2048, 1 thr  | 48.8 ms  | 115.8 ms | FMA bound 35.5 ms |
+/// | prefill T=128/2048, 2 thr  | 24.5 ms  | 58.5 ms  | FMA bound 17.7 ms |
 ///
-/// Native wins every decode shape by ~5× and prefill at 1 thread by ~3.5×; at
-/// 2 threads under load xnnpack's earlier 59–129 ms never beat native's 42 ms,
-/// so `auto` picks `native` everywhere. Re-measure 2-thread shapes on a quiet
-/// machine before adding a rule.
+/// Native wins every measured shape (decode by 6–9×, prefill by ~2.4×), so
+/// there is no crossover and `auto` picks `native` everywhere. XNNPACK would
+/// need persistent packed pages (a per-page write generation from the byte
+/// layer) to compete; see the issue notes.
 pub fn resolve_backend(
     _q_shape: [usize; 3],
     _spec: &AttendSpec<'_>,
