@@ -12,30 +12,12 @@ import time
 
 import numpy as np
 import offgraph_kv as okv
+from offgraph_kv.bench import decode_spec
 
 
 def make_spec(context: int):
-    heads, dim = 8, 128
-    cfg = okv.CacheConfig(
-        context,
-        1,
-        okv.LayerConfig(okv.Flat(), heads, dim),
-        initial_capacity=context,
-        max_step=min(512, context),
-    )
-    kv = okv.KvSequenceCache(cfg)
-    rng = np.random.default_rng(0)
-    done = 0
-    while done < context - 64:
-        t = min(512, context - 64 - done)
-        kv.begin_step(t)
-        rows = rng.standard_normal((heads, t, dim)).astype(np.float32)
-        kv.update(0, rows, rows)
-        done += t
-    kv.begin_step(64)
-    rows = rng.standard_normal((heads, 64, dim)).astype(np.float32)
-    spec = kv.update(0, rows, rows)
-    q = rng.standard_normal((32, 64, dim)).astype(np.float32)
+    kv, spec = decode_spec(context, last_step=64)
+    q = np.random.default_rng(1).standard_normal((32, 64, 128)).astype(np.float32)
     return kv, spec, q
 
 

@@ -112,7 +112,10 @@ def update_torch_inplace(context: int, reps: int) -> float:
 # ---------------------------------------------------------------- attention
 
 
-def _decode_spec(context: int):
+def decode_spec(context: int, last_step: int = 1):
+    """A one-layer flat KvSequenceCache (8 KV heads x 128) filled with random
+    rows up to ``context`` tokens, the last ``last_step`` of them in an open
+    step; returns the cache and that step's spec."""
     cfg = n.CacheConfig(
         context,
         1,
@@ -123,15 +126,15 @@ def _decode_spec(context: int):
     kv = n.KvSequenceCache(cfg)
     rng = np.random.default_rng(0)
     done = 0
-    while done < context - 1:
-        t = min(512, context - 1 - done)
+    while done < context - last_step:
+        t = min(512, context - last_step - done)
         kv.begin_step(t)
         rows = rng.standard_normal((HEADS, t, DIM)).astype(np.float32)
         kv.update(0, rows, rows)
         done += t
-    kv.begin_step(1)
-    row = rng.standard_normal((HEADS, 1, DIM)).astype(np.float32)
-    return kv, kv.update(0, row, row)
+    kv.begin_step(last_step)
+    rows = rng.standard_normal((HEADS, last_step, DIM)).astype(np.float32)
+    return kv, kv.update(0, rows, rows)
 
 
 def _timed(fn, reps: int) -> float:
@@ -149,7 +152,7 @@ def attention_row(context: int, reps: int, threads: int) -> dict:
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
-    kv, spec = _decode_spec(context)
+    kv, spec = decode_spec(context)
     q = np.random.default_rng(1).standard_normal((Q_HEADS, 1, DIM)).astype(np.float32)
     k_np, v_np = spec.k[:, :context], spec.v[:, :context]
     kt, vt = torch.from_numpy(k_np.copy())[None], torch.from_numpy(v_np.copy())[None]
