@@ -138,3 +138,18 @@ def test_a_pool_the_allocator_refuses_raises_capacity_error():
         okv.KvSequenceCache(huge)
     with pytest.raises(okv.CapacityError, match="cannot allocate"):
         okv.KvCellCache(huge, 2**20, n_seq_max=1)
+
+
+def test_rows_may_be_a_view_of_the_pool_they_are_written_into():
+    cfg = okv.CacheConfig(16, 1, okv.LayerConfig(okv.Flat(), 1, 4), initial_capacity=16, max_step=4)
+    kv = okv.KvSequenceCache(cfg)
+    kv.begin_step(4)
+    rows = np.arange(16, dtype=np.float32).reshape(1, 4, 4)
+    spec = kv.update(0, rows, rows + 1)
+    kv.begin_step(3)
+    k_in, v_in = spec.k[:, 1:4], spec.v[:, 1:4]  # contiguous views of the pool itself
+    assert k_in.flags.c_contiguous
+    want_k, want_v = k_in.copy(), v_in.copy()
+    spec = kv.update(0, k_in, v_in)  # writes slots 4..7 from slots 1..4
+    np.testing.assert_array_equal(spec.k[:, 4:7], want_k)
+    np.testing.assert_array_equal(spec.v[:, 4:7], want_v)

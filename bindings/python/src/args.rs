@@ -127,6 +127,37 @@ pub fn f32_rows(
     Ok(t)
 }
 
+/// A step's new K and V rows for a layer of `layer` geometry and `tokens`
+/// tokens, each checked by [`f32_rows`] and copied out of the arrays. The copy
+/// is deliberate: an input may be a view of the very pool it is written into
+/// (`spec.k[:, a:b]` with one head is contiguous), and the pool write is a
+/// non-overlapping memcpy.
+pub fn kv_rows(
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    layer: &offgraph_kv::LayerConfig,
+    tokens: usize,
+) -> PyResult<(Vec<f32>, Vec<f32>)> {
+    let (mut kb, mut vb) = (Vec::new(), Vec::new());
+    f32_rows(
+        k,
+        "k",
+        layer.n_kv_heads,
+        layer.head_dim,
+        Some(tokens),
+        &mut kb,
+    )?;
+    f32_rows(
+        v,
+        "v",
+        layer.n_kv_heads,
+        layer.head_dim,
+        Some(tokens),
+        &mut vb,
+    )?;
+    Ok((kb, vb))
+}
+
 /// `None` or the value, as Python spells it in a repr.
 pub fn py_opt(v: Option<usize>) -> String {
     v.map_or("None".to_string(), |v| v.to_string())

@@ -350,11 +350,8 @@ impl PyKvCellCache {
         let mut this = rw(slf.as_super(), "update")?;
         let cache = kv_cells_mut(&mut this)?;
         let plan = cache.plan(layer).py_err()?;
-        let t = plan.n_tokens();
         let l = *cache.config().layer(layer).py_err()?;
-        let (mut kb, mut vb) = (Vec::new(), Vec::new());
-        crate::args::f32_rows(k, "k", l.n_kv_heads, l.head_dim, Some(t), &mut kb)?;
-        crate::args::f32_rows(v, "v", l.n_kv_heads, l.head_dim, Some(t), &mut vb)?;
+        let (kb, vb) = crate::args::kv_rows(k, v, &l, plan.n_tokens())?;
         cache.update(layer, &kb, &vb).py_err()?;
         PyAttendSpec::from_cells(owner, cache, layer)
     }

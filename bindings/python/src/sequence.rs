@@ -225,10 +225,7 @@ impl PyKvSequenceCache {
         let cache = kv_mut(&mut this)?;
         let plan = cache.plan(layer).py_err()?;
         let l = *cache.config().layer(layer).py_err()?;
-        let (mut kb, mut vb) = (Vec::new(), Vec::new());
-        let n = Some(plan.n_tokens);
-        crate::args::f32_rows(k, "k", l.n_kv_heads, l.head_dim, n, &mut kb)?;
-        crate::args::f32_rows(v, "v", l.n_kv_heads, l.head_dim, n, &mut vb)?;
+        let (kb, vb) = crate::args::kv_rows(k, v, &l, plan.n_tokens)?;
         cache.update(layer, &kb, &vb).py_err()?;
         PyAttendSpec::from_seq(owner, cache, layer)
     }
