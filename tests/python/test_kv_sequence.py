@@ -147,9 +147,9 @@ def test_rows_may_be_a_view_of_the_pool_they_are_written_into():
     rows = np.arange(16, dtype=np.float32).reshape(1, 4, 4)
     spec = kv.update(0, rows, rows + 1)
     kv.begin_step(3)
-    k_in, v_in = spec.k[:, 1:4], spec.v[:, 1:4]  # contiguous views of the pool itself
+    k_in, v_in = spec.k[:, 2:5], spec.v[:, 2:5]  # pool views overlapping the target slots
     assert k_in.flags.c_contiguous
     want_k, want_v = k_in.copy(), v_in.copy()
-    spec = kv.update(0, k_in, v_in)  # writes slots 4..7 from slots 1..4
+    spec = kv.update(0, k_in, v_in)  # writes slots 4..6 from slots 2..4
     np.testing.assert_array_equal(spec.k[:, 4:7], want_k)
     np.testing.assert_array_equal(spec.v[:, 4:7], want_v)
