@@ -90,8 +90,8 @@ static inline int dm_make_weights(const dm_args *a, dm_weights *w) {
     w->wo = (float **)calloc(a->layers, sizeof(float *));
     w->emb = (float *)malloc(a->vocab * a->hidden * sizeof(float));
     if (!w->wq || !w->wk || !w->wv || !w->wo || !w->emb) goto oom;
-    uint64_t ek = dm_stream_key(a->seed, DM_TAG_EMB, 0);
-    for (size_t i = 0; i < a->vocab * a->hidden; i++) w->emb[i] = (float)dm_uniform(ek, i);
+    for (size_t i = 0; i < a->vocab * a->hidden; i++)
+        w->emb[i] = (float)dm_uniform(dm_stream_key(a->seed, DM_TAG_EMB, 0), i);
     for (size_t l = 0; l < a->layers; l++) {
         w->wq[l] = dm_matrix(a, DM_TAG_WQ, l, a->hidden, qd);
         w->wk[l] = dm_matrix(a, DM_TAG_WK, l, a->hidden, kd);

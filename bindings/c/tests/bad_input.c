@@ -109,6 +109,17 @@ static void test_foreign_freed_and_mistyped_handles(void) {
     EXPECT(sc2 == NULL);
 }
 
+/* Field by field: the struct has padding, which no call defines. */
+static int plan_eq(const okv_seq_plan *a, const okv_seq_plan *b) {
+    int same = a->position == b->position && a->n_tokens == b->n_tokens && a->n_write == b->n_write &&
+               a->n_read == b->n_read && a->read_base_pos == b->read_base_pos && a->mask_kind == b->mask_kind &&
+               a->window == b->window && a->depth == b->depth;
+    for (int i = 0; i < 2; i++)
+        same = same && a->write[i].start == b->write[i].start && a->write[i].len == b->write[i].len &&
+               a->read[i].start == b->read[i].start && a->read[i].len == b->read[i].len;
+    return same;
+}
+
 static void test_sequence_refusals(void) {
     okv_config *cfg = make_config(OKV_POLICY_RING, 8, 4);
     okv_seq_cache *sc = NULL;
@@ -140,7 +151,7 @@ static void test_sequence_refusals(void) {
     EXPECT_OK(okv_seq_cache_length(sc, &len));
     EXPECT(len == 30);
     EXPECT_OK(okv_seq_cache_plan(sc, 1, &again));
-    EXPECT(memcmp(&plan, &again, sizeof plan) == 0);
+    EXPECT(plan_eq(&plan, &again));
     EXPECT(pos == 27);
     /* Filling to capacity: the next step is out of capacity, state unchanged. */
     bool ok = true;
