@@ -435,7 +435,12 @@ fn the_checkers_catch_what_they_look_for() {
 fn no_foreign_abi_function_is_defined_without_catch_unwind() {
     let r = root();
     let mut files = Vec::new();
-    for d in ["src", "bindings/python/src", "xnnpack-sys/src", "bindings/c/src"] {
+    for d in [
+        "src",
+        "bindings/python/src",
+        "xnnpack-sys/src",
+        "bindings/c/src",
+    ] {
         rust_files(&r.join(d), &mut files);
     }
     assert!(files.len() >= 20, "found only {} source files", files.len());

@@ -48,12 +48,14 @@ pub(crate) fn layer_from_c(l: &okv_layer_config, i: usize) -> R<LayerConfig> {
     let policy = match l.policy {
         OKV_POLICY_FLAT => LayerPolicy::Flat,
         OKV_POLICY_RING => LayerPolicy::Ring { window: l.window },
-        p => return Err(fail(
-            okv_status::OKV_ERR_INVALID_CONFIG,
-            format!(
+        p => {
+            return Err(fail(
+                okv_status::OKV_ERR_INVALID_CONFIG,
+                format!(
                 "layers[{i}].policy: expected OKV_POLICY_FLAT (0) or OKV_POLICY_RING (1), got {p}"
             ),
-        )),
+            ))
+        }
     };
     Ok(LayerConfig::new(policy, l.n_kv_heads, l.head_dim))
 }
