@@ -66,7 +66,9 @@ run "exports only okv_ symbols" bash -c "
 
 CFLAGS=(-std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g -ffp-contract=off -I "$INC" -I examples/c)
 CXXFLAGS=(-std=c++17 -Wall -Wextra -Wpedantic -Werror -O2 -g -ffp-contract=off -I "$INC" -I examples/c)
-LINK=(-L "$LIBDIR" -loffgraph_kv_c -Wl,-rpath,"$LIBDIR" -lm)
+LINK=(-pthread -L "$LIBDIR" -loffgraph_kv_c -Wl,-rpath,"$LIBDIR" -lm)
+# The static library needs the core's native dependencies on the link line.
+STATIC=(-pthread "$LIBDIR/liboffgraph_kv_c.a" -lXNNPACK -lgcc_s -ldl -lm)
 
 run "offgraph_kv.h compiles alone as C11" bash -c "echo '#include \"offgraph_kv.h\"' | gcc ${CFLAGS[*]} -fsyntax-only -x c -"
 run "offgraph_kv.h compiles alone as C++17" bash -c "echo '#include \"offgraph_kv.h\"' | g++ ${CXXFLAGS[*]} -fsyntax-only -x c++ -"
@@ -88,9 +90,11 @@ build() { # build NAME SRC
     esac
 }
 build bad_input bindings/c/tests/bad_input.c
+build threads bindings/c/tests/threads.c
 build wrapper bindings/c/tests/wrapper.cpp
 build runner-c examples/c/runner.c
 build runner-cpp examples/cpp/runner.cpp
+run "compile runner-c against the static library" gcc "${CFLAGS[@]}" examples/c/runner.c -o "$OUT/runner-c-static" "${STATIC[@]}"
 
 # Small flags: a ring window that wraps, a flat layer (every sixth), chunked prefill, forks.
 FLAGS=(--prefix 37 --decode 10 --chunk 16 --layers 7 --window 12 --hidden 64 --q-heads 4 --kv-heads 2
@@ -101,7 +105,7 @@ VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=de
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 
-for prog in bad_input wrapper; do
+for prog in bad_input threads wrapper; do
     run "$prog" "$OUT/$prog"
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"
@@ -126,6 +130,7 @@ echo "     Rust runner, 3 sequences: $want3"
 same_tokens "C runner prints the Rust runner's tokens" "$want3" "$OUT/runner-c" --seqs 3 "${FLAGS[@]}"
 same_tokens "C runner, valgrind: the same tokens" "$want3" "${VG[@]}" "$OUT/runner-c" --seqs 3 "${FLAGS[@]}"
 same_tokens "C runner, ASan: the same tokens" "$want3" "$OUT/runner-c-asan" --seqs 3 "${FLAGS[@]}"
+same_tokens "C runner, static library: the same tokens" "$want3" "$OUT/runner-c-static" --seqs 3 "${FLAGS[@]}"
 same_tokens "C++ runner prints the Rust runner's tokens (1 sequence)" "$want1" "$OUT/runner-cpp" "${FLAGS[@]}"
 same_tokens "C++ runner: a failed forward, rewound and retried, changes no token" "$want1" \
     "$OUT/runner-cpp" "${FLAGS[@]}" --fail-at 4
