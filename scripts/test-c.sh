@@ -89,6 +89,9 @@ build() { # build NAME SRC
         ;;
     esac
 }
+sed -n '/^```c$/,/^```$/p' README.md | sed '1d;$d' >"$OUT/readme.c"
+run "the README's C quick start is a program" test -s "$OUT/readme.c"
+build readme "$OUT/readme.c"
 build bad_input bindings/c/tests/bad_input.c
 build threads bindings/c/tests/threads.c
 build wrapper bindings/c/tests/wrapper.cpp
@@ -105,7 +108,7 @@ VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=de
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 
-for prog in bad_input threads wrapper; do
+for prog in readme bad_input threads wrapper; do
     run "$prog" "$OUT/$prog"
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"

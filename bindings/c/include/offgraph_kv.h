@@ -18,6 +18,8 @@
  *    okv_pool_view) stay valid until the next mutating call on that cache.
  *  - Sequence ids are uint64_t; positions, lengths and counts are size_t.
  *  - Panics never cross the boundary: they become OKV_ERR_PANIC.
+ *  - Not exposed yet: K/V dtypes (every pool is float32 here) and snapshots;
+ *    they will arrive as new functions, with any new status appended.
  */
 
 
