@@ -175,6 +175,12 @@ typedef struct {
   size_t head_dim;
 } okv_layer_config;
 
+// A builder: makes a new handle (any okv cache) from `cfg`, stores it in
+// `*out_handle` and returns 0; any other value is a failure. `cfg` is a
+// temporary, valid during the call only. It must not unwind (no C++
+// exception may escape it).
+typedef int32_t (*okv_builder_fn)(const okv_config *cfg, void *user_data, void **out_handle);
+
 // One layer's plan of the open step (a copy: it never dangles).
 typedef struct {
   // Logical position of the step's first token.
@@ -416,6 +422,27 @@ okv_status okv_registry_contains(const char *key, bool *out_found);
 // its length without the NUL. With too small a buffer:
 // `OKV_ERR_BUFFER_TOO_SMALL`, `*out_len` the length needed, `buf` untouched.
 okv_status okv_registry_unique_key(const char *prefix, char *buf, size_t cap, size_t *out_len);
+
+// Registers (or replaces) the builder for (`backend_id`, `kind`).
+// `user_data` is passed back to every call and must stay valid as long as
+// the builder is registered (for the process's life, unless replaced).
+okv_status okv_registry_register_builder(const char *backend_id,
+                                         const char *kind,
+                                         okv_builder_fn build,
+                                         void *user_data);
+
+// Whether a builder is registered for (`backend_id`, `kind`).
+okv_status okv_registry_has_builder(const char *backend_id, const char *kind, bool *out_found);
+
+// Validates `cfg`, then builds with the builder for (`backend_id`, `kind`):
+// the new handle (owned by the caller, not installed) and its kind.
+// `OKV_ERR_NOT_FOUND` without such a builder; `OKV_ERR_BACKEND` when the
+// callback fails; `OKV_ERR_INVALID_ARGUMENT` when it returns no live handle.
+okv_status okv_registry_build(const char *backend_id,
+                              const char *kind,
+                              const okv_config *cfg,
+                              okv_handle_kind *out_kind,
+                              void **out_handle);
 
 // A sequence cache (bookkeeping only) for `cfg` (validated; copied).
 okv_status okv_seq_cache_new(const okv_config *cfg, okv_seq_cache **out_cache);

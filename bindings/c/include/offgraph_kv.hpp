@@ -377,6 +377,24 @@ inline bool contains(const std::string &key) {
     check(okv_registry_contains(key.c_str(), &found));
     return found;
 }
+// `build` must not throw: it is called from C (return nonzero to fail).
+inline void register_builder(const std::string &backend_id, const std::string &kind, okv_builder_fn build,
+                             void *user_data) {
+    check(okv_registry_register_builder(backend_id.c_str(), kind.c_str(), build, user_data));
+}
+inline bool has_builder(const std::string &backend_id, const std::string &kind) {
+    bool found = false;
+    check(okv_registry_has_builder(backend_id.c_str(), kind.c_str(), &found));
+    return found;
+}
+// A new handle (yours to free with the _free of its kind) and its kind.
+inline std::pair<okv_handle_kind, void *> build(const std::string &backend_id, const std::string &kind,
+                                                const Config &cfg) {
+    okv_handle_kind k{};
+    void *h = nullptr;
+    check(okv_registry_build(backend_id.c_str(), kind.c_str(), cfg.get(), &k, &h));
+    return {k, h};
+}
 inline std::string unique_key(const std::string &prefix) {
     std::string buf(prefix.size() + 24, '\0');
     std::size_t n = 0;

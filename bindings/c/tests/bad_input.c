@@ -432,6 +432,67 @@ static void test_kv_cell(void) {
     EXPECT_OK(okv_config_free(cfg));
 }
 
+/* A builder that makes a KV sequence cache; user_data counts its calls. */
+static int32_t build_kv_seq(const okv_config *cfg, void *user_data, void **out) {
+    (*(int *)user_data)++;
+    okv_kv_seq_cache *kv = NULL;
+    okv_status s = okv_kv_seq_cache_new(cfg, &kv);
+    if (s != OKV_OK) return (int32_t)s;
+    *out = kv;
+    return 0;
+}
+
+static int32_t build_fails(const okv_config *cfg, void *user_data, void **out) {
+    (void)cfg, (void)out;
+    (*(int *)user_data)++;
+    return 42;
+}
+
+static int32_t build_garbage(const okv_config *cfg, void *user_data, void **out) {
+    (void)cfg;
+    *out = user_data; /* not a handle */
+    return 0;
+}
+
+static void test_registry_builders(void) {
+    int calls = 0;
+    EXPECT_STATUS(okv_registry_register_builder("c-test", "kv", NULL, &calls), OKV_ERR_NULL_POINTER);
+    bool found = true;
+    EXPECT_OK(okv_registry_has_builder("c-test", "kv", &found));
+    EXPECT(!found);
+    EXPECT_OK(okv_registry_register_builder("c-test", "kv", build_kv_seq, &calls));
+    EXPECT_OK(okv_registry_register_builder("c-test", "fails", build_fails, &calls));
+    EXPECT_OK(okv_registry_register_builder("c-test", "garbage", build_garbage, &calls));
+    EXPECT_OK(okv_registry_has_builder("c-test", "kv", &found));
+    EXPECT(found);
+    /* The pair is the key, not a concatenation. */
+    EXPECT_OK(okv_registry_has_builder("c-testkv", "", &found));
+    EXPECT(!found);
+
+    okv_config *good = make_config(OKV_POLICY_FLAT, 0, 2), *bad = NULL;
+    EXPECT_OK(okv_config_new(CAP, LAYERS, &bad)); /* no layers: invalid */
+    okv_handle_kind kind = OKV_HANDLE_CONFIG;
+    void *h = NULL;
+    /* An invalid config is refused before the builder runs. */
+    EXPECT_STATUS(okv_registry_build("c-test", "kv", bad, &kind, &h), OKV_ERR_INVALID_CONFIG);
+    EXPECT(calls == 0 && h == NULL);
+    EXPECT_STATUS(okv_registry_build("c-test", "nope", good, &kind, &h), OKV_ERR_NOT_FOUND);
+    EXPECT_STATUS(okv_registry_build("c-test", "fails", good, &kind, &h), OKV_ERR_BACKEND);
+    EXPECT(calls == 1 && h == NULL);
+    EXPECT_STATUS(okv_registry_build("c-test", "garbage", good, &kind, &h), OKV_ERR_INVALID_ARGUMENT);
+    EXPECT(h == NULL);
+    EXPECT_STATUS(okv_registry_build("c-test", "kv", good, NULL, &h), OKV_ERR_NULL_POINTER);
+    EXPECT(calls == 1);
+    EXPECT_OK(okv_registry_build("c-test", "kv", good, &kind, &h));
+    EXPECT(calls == 2 && kind == OKV_HANDLE_KV_SEQ_CACHE && h != NULL);
+    size_t cap = 0;
+    EXPECT_OK(okv_kv_seq_cache_capacity((const okv_kv_seq_cache *)h, &cap));
+    EXPECT(cap == CAP);
+    EXPECT_OK(okv_kv_seq_cache_free((okv_kv_seq_cache *)h));
+    EXPECT_OK(okv_config_free(good));
+    EXPECT_OK(okv_config_free(bad));
+}
+
 int main(void) {
     test_status_names_and_last_error();
     test_config_refusals();
@@ -440,5 +501,6 @@ int main(void) {
     test_kv_sequence();
     test_cell_refusals();
     test_kv_cell();
+    test_registry_builders();
     return CHECK_SUMMARY("bad_input");
 }

@@ -81,5 +81,19 @@ int main() {
     EXPECT(got.first == OKV_HANDLE_KV_CELL_CACHE && got.second == static_cast<void *>(cc.get()));
     okv::registry::erase(key);
     EXPECT(!okv::registry::contains(key));
+    okv::registry::register_builder(
+        "cpp-test", "cells",
+        [](const okv_config *c, void *, void **out) -> int32_t {
+            okv_kv_cell_cache *h = nullptr;
+            okv_status s = okv_kv_cell_cache_new(c, 64, 4, &h);
+            *out = h;
+            return static_cast<int32_t>(s);
+        },
+        nullptr);
+    EXPECT(okv::registry::has_builder("cpp-test", "cells") && !okv::registry::has_builder("cpp-test", "other"));
+    auto built = okv::registry::build("cpp-test", "cells", cfg);
+    EXPECT(built.first == OKV_HANDLE_KV_CELL_CACHE);
+    EXPECT_OK(okv_kv_cell_cache_free(static_cast<okv_kv_cell_cache *>(built.second)));
+    EXPECT_STATUS(status_of([&] { okv::registry::build("cpp-test", "other", cfg); }), OKV_ERR_NOT_FOUND);
     return CHECK_SUMMARY("wrapper");
 }
