@@ -161,6 +161,7 @@ int main(int argc, char **argv) {
         std::vector<std::size_t> tok{dm_fork_token(&a, 0)}, generated;
         std::vector<float> scratch(a.hidden + a.vocab);
         for (std::size_t m = 0; m < a.decode; m++) {
+            if (!r.cache.can_extend(1)) break;  // full: admission would refuse the step
             r.step(tok, static_cast<long>(m) == fail_at, rewinds);
             dm_next_tokens(&a, &w, r.x.data(), 1, scratch.data(), tok.data());
             generated.push_back(tok[0]);
