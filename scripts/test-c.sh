@@ -74,6 +74,10 @@ run "offgraph_kv.h compiles alone as C11" bash -c "echo '#include \"offgraph_kv.
 run "offgraph_kv.h compiles alone as C++17" bash -c "echo '#include \"offgraph_kv.h\"' | g++ ${CXXFLAGS[*]} -fsyntax-only -x c++ -"
 run "offgraph_kv.hpp compiles alone as C++17" bash -c "echo '#include \"offgraph_kv.hpp\"' | g++ ${CXXFLAGS[*]} -fsyntax-only -x c++ -"
 
+# Definite leaks are errors. The live-handle set (a process-global hash map) shows as
+# "possibly lost" only because hashbrown points into the middle of its block: not shown.
+VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite)
+
 # Build every program twice: plain (also run under valgrind) and with ASan + UBSan.
 SAN=(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
 build() { # build NAME SRC
@@ -97,14 +101,16 @@ build threads bindings/c/tests/threads.c
 build wrapper bindings/c/tests/wrapper.cpp
 build runner-c examples/c/runner.c
 build runner-cpp examples/cpp/runner.cpp
+# The allocation counter wraps the C allocator at link time: static library only.
+WRAP=-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=posix_memalign,--wrap=aligned_alloc
+run "compile no_alloc (C11, static library)" gcc "${CFLAGS[@]}" bindings/c/tests/no_alloc.c -o "$OUT/no_alloc" "$WRAP" "${STATIC[@]}"
+run "no_alloc: a warm decode step allocates nothing" "$OUT/no_alloc"
+run "no_alloc under valgrind (0 errors)" "${VG[@]}" "$OUT/no_alloc"
 run "compile runner-c against the static library" gcc "${CFLAGS[@]}" examples/c/runner.c -o "$OUT/runner-c-static" "${STATIC[@]}"
 
 # Small flags: a ring window that wraps, a flat layer (every sixth), chunked prefill, forks.
 FLAGS=(--prefix 37 --decode 10 --chunk 16 --layers 7 --window 12 --hidden 64 --q-heads 4 --kv-heads 2
     --head-dim 16 --vocab 101 --seed 5 --threads 1)
-# Definite leaks are errors. The live-handle set (a process-global hash map) shows as
-# "possibly lost" only because hashbrown points into the middle of its block: not shown.
-VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite)
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 

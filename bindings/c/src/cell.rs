@@ -154,12 +154,27 @@ where
     let mut c = unsafe { lock(h, what) }?;
     let raw = unsafe { slice(seq_ids, n, "begin_step: seq_ids") }?;
     let pos = unsafe { slice(positions, n, "begin_step: positions") }?;
-    let ids = raw
-        .iter()
-        .map(|&i| ids::from_c(i, what))
-        .collect::<R<Vec<_>>>()?;
-    c.cells_mut().begin_step(&ids, pos)?;
-    Ok(())
+    // The ids converted into a per-thread buffer that only grows: a decode
+    // loop allocates nothing here once warm.
+    ID_SCRATCH.with(|cell| {
+        let mut fresh = Vec::new();
+        let mut held = cell.try_borrow_mut();
+        let ids = match held.as_deref_mut() {
+            Ok(v) => v,
+            Err(_) => &mut fresh,
+        };
+        ids.clear();
+        for &i in raw {
+            ids.push(ids::from_c(i, what)?);
+        }
+        c.cells_mut().begin_step(ids, pos)?;
+        Ok(())
+    })
+}
+
+thread_local! {
+    static ID_SCRATCH: std::cell::RefCell<Vec<offgraph_kv::SeqId>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 unsafe fn plan<H: Opaque>(h: *const H, layer: usize, o: *mut okv_cell_plan, what: &str) -> R<()>
