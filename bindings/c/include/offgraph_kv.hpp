@@ -409,6 +409,25 @@ inline std::string unique_key(const std::string &prefix) {
 }
 }  // namespace registry
 
+// Installs a cache in the registry for its lifetime: under `key`, or under a
+// fresh unique_key("session-") when `key` is empty; erases it when destroyed
+// (a key already erased by hand is fine). The cache must outlive the session.
+class Session {
+public:
+    template <class Cache>
+    explicit Session(const Cache &cache, std::string key = std::string())
+        : key_(key.empty() ? registry::unique_key("session-") : std::move(key)) {
+        registry::install(key_, cache);
+    }
+    ~Session() { (void)okv_registry_erase(key_.c_str()); }
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+    const std::string &key() const noexcept { return key_; }
+
+private:
+    std::string key_;
+};
+
 }  // namespace okv
 
 #endif  // OFFGRAPH_KV_HPP

@@ -81,6 +81,15 @@ int main() {
     EXPECT(got.first == OKV_HANDLE_KV_CELL_CACHE && got.second == static_cast<void *>(cc.get()));
     okv::registry::erase(key);
     EXPECT(!okv::registry::contains(key));
+    std::string session_key;
+    {
+        okv::Session session(cc);
+        session_key = session.key();
+        EXPECT(session_key.rfind("session-", 0) == 0 && okv::registry::contains(session_key));
+        EXPECT_STATUS(status_of([&] { okv::Session again(cc, session_key); }), OKV_ERR_KEY_EXISTS);
+        EXPECT(okv::registry::contains(session_key)); /* the refused session erased nothing */
+    }
+    EXPECT(!okv::registry::contains(session_key));
     okv::registry::register_builder(
         "cpp-test", "cells",
         [](const okv_config *c, void *, void **out) -> int32_t {
