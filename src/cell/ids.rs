@@ -8,6 +8,9 @@
 //! hands out an old id). The bound keeps every id a non-negative signed 64-bit
 //! integer, which Python, numpy's int64 and C's `int64_t` all hold.
 
+use super::CellCache;
+use crate::error::{CacheError, Result};
+
 /// A sequence id, handed out by `CellCache::seq_new` / `CellCache::seq_clone`.
 pub type SeqId = u64;
 
@@ -33,6 +36,71 @@ pub(crate) fn split(id: SeqId, n_seq_max: usize) -> Option<(usize, u64)> {
 pub(crate) fn next_gen(gen: u64, slot: usize, n_seq_max: usize) -> Option<u64> {
     let next = gen.checked_add(1)?;
     compose(next, slot, n_seq_max).map(|_| next)
+}
+
+pub(super) fn unknown(verb: &str, id: SeqId) -> CacheError {
+    CacheError::UnknownSequence(format!(
+        "{verb}: sequence id {id} is not live (not handed out by this cache, or already freed)"
+    ))
+}
+
+impl CellCache {
+    pub(super) fn id_of(&self, slot: usize) -> SeqId {
+        // A live slot's generation always composes (`retire_slot` keeps it so).
+        let gen = self.seqs.get(slot).map_or(0, |s| s.gen);
+        compose(gen, slot, self.n_seq_max).unwrap_or(SeqId::MAX)
+    }
+
+    pub(super) fn slot_of(&self, id: SeqId, verb: &str) -> Result<usize> {
+        let Some((slot, gen)) = split(id, self.n_seq_max) else {
+            return Err(unknown(verb, id));
+        };
+        match self.seqs.get(slot) {
+            Some(s) if s.live && s.gen == gen => Ok(slot),
+            _ => Err(unknown(verb, id)),
+        }
+    }
+
+    pub(super) fn alloc_slot(&mut self, verb: &str) -> Result<usize> {
+        if self.n_live >= self.n_seq_max {
+            return Err(CacheError::OutOfCapacity(format!(
+                "{verb}: all {} sequence ids are live (n_seq_max)",
+                self.n_seq_max
+            )));
+        }
+        let slot = self.free_slots.pop().ok_or_else(|| {
+            CacheError::OutOfCapacity(format!(
+                "{verb}: no free sequence slot (n_seq_max {})",
+                self.n_seq_max
+            ))
+        })? as usize;
+        if let Some(s) = self.seqs.get_mut(slot) {
+            s.live = true;
+        }
+        self.n_live = self.n_live.saturating_add(1);
+        Ok(slot)
+    }
+
+    /// Retires `slot`: its id will be refused from now on.
+    pub(super) fn retire_slot(&mut self, slot: usize) {
+        let n_seq_max = self.n_seq_max;
+        if let Some(s) = self.seqs.get_mut(slot) {
+            if !s.live {
+                return;
+            }
+            s.live = false;
+            self.n_live = self.n_live.saturating_sub(1);
+            match next_gen(s.gen, slot, n_seq_max) {
+                Some(g) => {
+                    s.gen = g;
+                    if let Ok(v) = u32::try_from(slot) {
+                        self.free_slots.push(v);
+                    }
+                }
+                None => s.exhausted = true,
+            }
+        }
+    }
 }
 
 #[cfg(test)]
