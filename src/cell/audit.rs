@@ -9,18 +9,18 @@ impl CellCache {
         for (ti, t) in self.tables.iter().enumerate() {
             t.audit().map_err(|e| format!("table {ti}: {e}"))?;
             let mut pairs = 0usize;
-            for (slot, s) in self.seqs.iter().enumerate() {
+            for (ix, s) in self.seqs.iter().enumerate() {
                 let Some(list) = s.lists.get(ti) else {
                     continue;
                 };
                 if !s.live && !list.is_empty() {
-                    return Err(format!("table {ti}: dead slot {slot} holds cells"));
+                    return Err(format!("table {ti}: dead ix {ix} holds cells"));
                 }
                 let mut prev: Option<usize> = None;
                 for e in list {
                     if prev.is_some_and(|p| p >= e.pos) {
                         return Err(format!(
-                            "table {ti}: slot {slot} list not strictly increasing at {}",
+                            "table {ti}: ix {ix} list not strictly increasing at {}",
                             e.pos
                         ));
                     }
@@ -28,21 +28,21 @@ impl CellCache {
                     let c = e.cell as usize;
                     if t.pos.get(c).copied() != Some(e.pos) {
                         return Err(format!(
-                            "table {ti}: slot {slot} lists cell {c} at {} but the cell holds {:?}",
+                            "table {ti}: ix {ix} lists cell {c} at {} but the cell holds {:?}",
                             e.pos,
                             t.pos.get(c)
                         ));
                     }
-                    if !t.owns(c, slot) {
+                    if !t.owns(c, ix) {
                         return Err(format!(
-                            "table {ti}: slot {slot} lists cell {c} without owning it"
+                            "table {ti}: ix {ix} lists cell {c} without owning it"
                         ));
                     }
                 }
                 pairs = pairs.saturating_add(list.len());
                 if Some(ti) == self.ring && list.len() > self.ring_keep {
                     return Err(format!(
-                        "ring table: slot {slot} holds {} > {} cells",
+                        "ring table: ix {ix} holds {} > {} cells",
                         list.len(),
                         self.ring_keep
                     ));
@@ -55,19 +55,19 @@ impl CellCache {
                 ));
             }
         }
-        for (slot, s) in self.seqs.iter().enumerate() {
+        for (ix, s) in self.seqs.iter().enumerate() {
             let mut end = 0usize;
             let mut len = 0usize;
             for (i, &(a, b)) in s.evicted.iter().enumerate() {
                 if a >= b || (i > 0 && a <= end) {
-                    return Err(format!("slot {slot}: bad evicted ranges {:?}", s.evicted));
+                    return Err(format!("ix {ix}: bad evicted ranges {:?}", s.evicted));
                 }
                 end = b;
                 len = len.saturating_add(b.saturating_sub(a));
             }
             if len != s.evicted_len {
                 return Err(format!(
-                    "slot {slot}: evicted_len {} but ranges hold {len}",
+                    "ix {ix}: evicted_len {} but ranges hold {len}",
                     s.evicted_len
                 ));
             }
@@ -75,7 +75,7 @@ impl CellCache {
                 if let Some(front) = s.lists.get(r).and_then(|l| l.front()) {
                     if !s.evicted.is_empty() && end > front.pos {
                         return Err(format!(
-                            "slot {slot}: evicted up to {end} but ring holds {}",
+                            "ix {ix}: evicted up to {end} but ring holds {}",
                             front.pos
                         ));
                     }
@@ -96,7 +96,7 @@ impl CellCache {
                     );
                     if full != logical {
                         return Err(format!(
-                            "slot {slot}: full table positions differ from evicted + ring"
+                            "ix {ix}: full table positions differ from evicted + ring"
                         ));
                     }
                 }

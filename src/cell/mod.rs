@@ -73,10 +73,10 @@ pub(crate) struct Entry {
     pub(crate) cell: u32,
 }
 
-/// A sequence slot.
+/// One sequence's state, at its index (`SeqId` modulo `n_seq_max`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Seq {
-    /// Generation of the id this slot hands out (or handed out last).
+    /// Generation of the id this index hands out (or handed out last).
     gen: u64,
     live: bool,
     /// Its generation cannot advance within 64-bit ids: never handed out again.
@@ -112,12 +112,12 @@ pub struct CellCache {
     ring_keep: usize,
     tables: Vec<Table>,
     seqs: Vec<Seq>,
-    /// Free slots; `pop` gives the next one.
-    free_slots: Vec<u32>,
+    /// Free indices; `pop` gives the next one.
+    free_indices: Vec<u32>,
     n_live: usize,
     step_open: bool,
     step_ids: Vec<SeqId>,
-    step_slots: Vec<u32>,
+    step_indices: Vec<u32>,
     step_pos: Vec<usize>,
     generation: u64,
     scratch: Scratch,
@@ -179,7 +179,7 @@ impl CellCache {
             })
             .collect();
         let n_pol = policies.len();
-        let n_slots = u32::try_from(n_seq_max).map_err(|_| {
+        let n_indices = u32::try_from(n_seq_max).map_err(|_| {
             CacheError::InvalidArgument(format!("n_seq_max {n_seq_max} does not fit a u32"))
         })?;
         Ok(CellCache {
@@ -195,11 +195,11 @@ impl CellCache {
             ring_keep,
             tables,
             seqs: vec![Seq::default(); n_seq_max],
-            free_slots: (0..n_slots).rev().collect(),
+            free_indices: (0..n_indices).rev().collect(),
             n_live: 0,
             step_open: false,
             step_ids: Vec::new(),
-            step_slots: Vec::new(),
+            step_indices: Vec::new(),
             step_pos: Vec::new(),
             generation: 0,
             scratch: Scratch {
@@ -315,7 +315,7 @@ impl CellCache {
         })
     }
 
-    /// Live sequence ids, in slot order.
+    /// Live sequence ids, in index order.
     pub fn live_seqs(&self) -> Vec<SeqId> {
         (0..self.seqs.len())
             .filter(|s| self.seqs.get(*s).is_some_and(|q| q.live))
@@ -325,11 +325,11 @@ impl CellCache {
 
     /// Whether `seq` is live.
     pub fn is_live(&self, seq: SeqId) -> bool {
-        self.slot_of(seq, "is_live").is_ok()
+        self.index_of(seq, "is_live").is_ok()
     }
 
-    fn seq_ref(&self, slot: usize) -> Option<&Seq> {
-        self.seqs.get(slot)
+    fn seq_ref(&self, ix: usize) -> Option<&Seq> {
+        self.seqs.get(ix)
     }
 
     /// The list that holds a sequence's logical positions (with the evicted
@@ -338,8 +338,8 @@ impl CellCache {
         self.full.or(self.ring).unwrap_or(0)
     }
 
-    fn max_logical_below(&self, slot: usize, bound: usize) -> Option<usize> {
-        let seq = self.seq_ref(slot)?;
+    fn max_logical_below(&self, ix: usize, bound: usize) -> Option<usize> {
+        let seq = self.seq_ref(ix)?;
         let in_list = list_max_below(seq.lists.get(self.logical_table())?, bound);
         if self.full.is_some() {
             in_list
@@ -348,21 +348,21 @@ impl CellCache {
         }
     }
 
-    fn next_pos_slot(&self, slot: usize) -> usize {
-        self.max_logical_below(slot, usize::MAX)
+    fn next_pos_slot(&self, ix: usize) -> usize {
+        self.max_logical_below(ix, usize::MAX)
             .map_or(0, |m| m.saturating_add(1))
     }
 
     /// One past the highest position `seq` holds, 0 if none.
     pub fn next_pos(&self, seq: SeqId) -> Result<usize> {
-        let slot = self.slot_of(seq, "next_pos")?;
-        Ok(self.next_pos_slot(slot))
+        let ix = self.index_of(seq, "next_pos")?;
+        Ok(self.next_pos_slot(ix))
     }
 
     /// Positions `seq` holds (including those the ring table dropped).
     pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
-        let slot = self.slot_of(seq, "seq_len")?;
-        let s = self.seq_ref(slot).ok_or_else(|| unknown("seq_len", seq))?;
+        let ix = self.index_of(seq, "seq_len")?;
+        let s = self.seq_ref(ix).ok_or_else(|| unknown("seq_len", seq))?;
         let list_len = s.lists.get(self.logical_table()).map_or(0, |l| l.len());
         Ok(if self.full.is_some() {
             list_len
@@ -373,10 +373,10 @@ impl CellCache {
 
     /// `seq`'s (position, cell) pairs in `table`, sorted by position.
     pub fn seq_cells(&self, seq: SeqId, table: usize) -> Result<Vec<(usize, u32)>> {
-        let slot = self.slot_of(seq, "seq_cells")?;
+        let ix = self.index_of(seq, "seq_cells")?;
         self.table_ref(table)?;
         Ok(self
-            .seq_ref(slot)
+            .seq_ref(ix)
             .and_then(|s| s.lists.get(table))
             .map(|l| l.iter().map(|e| (e.pos, e.cell)).collect())
             .unwrap_or_default())
@@ -407,7 +407,7 @@ impl CellCache {
         Ok(shared)
     }
 
-    /// The ids owning cell `cell` of `table`, in slot order.
+    /// The ids owning cell `cell` of `table`, in index order.
     pub fn cell_owners(&self, table: usize, cell: usize) -> Result<Vec<SeqId>> {
         self.cell_pos(table, cell)?;
         let t = self.table_ref(table)?;
@@ -432,14 +432,14 @@ impl CellCache {
 
     /// A new empty sequence. Does not close an open step.
     pub fn seq_new(&mut self) -> Result<SeqId> {
-        let slot = self.alloc_slot("seq_new")?;
-        Ok(self.id_of(slot))
+        let ix = self.alloc_index("seq_new")?;
+        Ok(self.id_of(ix))
     }
 
     /// A new sequence owning `src`'s cells with position `< upto` (all when
     /// `None`) by setting its bit: no K/V is copied. Closes the step.
     pub fn seq_clone(&mut self, src: SeqId, upto: Option<usize>) -> Result<SeqId> {
-        let sslot = self.slot_of(src, "seq_clone")?;
+        let src_ix = self.index_of(src, "seq_clone")?;
         let up = upto.unwrap_or(usize::MAX);
         if self.n_live >= self.n_seq_max {
             return Err(CacheError::OutOfCapacity(format!(
@@ -447,14 +447,14 @@ impl CellCache {
                 self.n_seq_max
             )));
         }
-        let max_after = self.max_logical_below(sslot, up);
-        let ev_after = self.max_evicted_below(sslot, up);
+        let max_after = self.max_logical_below(src_ix, up);
+        let ev_after = self.max_evicted_below(src_ix, up);
         self.check_hole("seq_clone", src, max_after, ev_after)?;
-        let nslot = self.alloc_slot("seq_clone")?;
+        let new_ix = self.alloc_index("seq_clone")?;
         let mut lists: [VecDeque<Entry>; 2] = Default::default();
         let mut evicted = Vec::new();
         let mut evicted_len = 0usize;
-        if let Some(s) = self.seqs.get(sslot) {
+        if let Some(s) = self.seqs.get(src_ix) {
             for ((src_list, dst), table) in s
                 .lists
                 .iter()
@@ -464,7 +464,7 @@ impl CellCache {
                 let k = src_list.partition_point(|e| e.pos < up);
                 dst.extend(src_list.range(..k).copied());
                 for e in dst.iter() {
-                    table.add_owner(e.cell as usize, nslot);
+                    table.add_owner(e.cell as usize, new_ix);
                 }
             }
             for &(a, b) in &s.evicted {
@@ -476,13 +476,13 @@ impl CellCache {
                 evicted_len = evicted_len.saturating_add(b.saturating_sub(a));
             }
         }
-        if let Some(d) = self.seqs.get_mut(nslot) {
+        if let Some(d) = self.seqs.get_mut(new_ix) {
             d.lists = lists;
             d.evicted = evicted;
             d.evicted_len = evicted_len;
         }
         self.close_step();
-        Ok(self.id_of(nslot))
+        Ok(self.id_of(new_ix))
     }
 
     /// Drops `seq`'s positions in `[p0, p1)` (`p1 = None`: to the end); a cell
@@ -490,7 +490,7 @@ impl CellCache {
     /// ring table dropped a position the remaining sequence's next step needs.
     /// Closes the step.
     pub fn seq_rm(&mut self, seq: SeqId, p0: usize, p1: Option<usize>) -> Result<()> {
-        let slot = self.slot_of(seq, "seq_rm")?;
+        let ix = self.index_of(seq, "seq_rm")?;
         if let Some(p1) = p1 {
             if p1 < p0 {
                 return Err(CacheError::InvalidArgument(format!(
@@ -499,15 +499,15 @@ impl CellCache {
             }
         }
         let p1 = p1.unwrap_or(usize::MAX);
-        let max_after = max_outside(|b| self.max_logical_below(slot, b), p0, p1);
-        let ev_after = max_outside(|b| self.max_evicted_below(slot, b), p0, p1);
+        let max_after = max_outside(|b| self.max_logical_below(ix, b), p0, p1);
+        let ev_after = max_outside(|b| self.max_evicted_below(ix, b), p0, p1);
         self.check_hole("seq_rm", seq, max_after, ev_after)?;
-        if let Some(s) = self.seqs.get_mut(slot) {
+        if let Some(s) = self.seqs.get_mut(ix) {
             for (list, table) in s.lists.iter_mut().zip(self.tables.iter_mut()) {
                 let a = list.partition_point(|e| e.pos < p0);
                 let b = list.partition_point(|e| e.pos < p1).max(a);
                 for e in list.drain(a..b) {
-                    table.remove_owner(e.cell as usize, slot);
+                    table.remove_owner(e.cell as usize, ix);
                 }
             }
             let gone = cut_ranges(&mut s.evicted, p0, p1);
@@ -519,17 +519,17 @@ impl CellCache {
 
     /// Drops every position of `seq` and retires its id. Closes the step.
     pub fn seq_free(&mut self, seq: SeqId) -> Result<()> {
-        let slot = self.slot_of(seq, "seq_free")?;
-        if let Some(s) = self.seqs.get_mut(slot) {
+        let ix = self.index_of(seq, "seq_free")?;
+        if let Some(s) = self.seqs.get_mut(ix) {
             for (list, table) in s.lists.iter_mut().zip(self.tables.iter_mut()) {
                 for e in list.drain(..) {
-                    table.remove_owner(e.cell as usize, slot);
+                    table.remove_owner(e.cell as usize, ix);
                 }
             }
             s.evicted.clear();
             s.evicted_len = 0;
         }
-        self.retire_slot(slot);
+        self.retire_index(ix);
         self.close_step();
         Ok(())
     }
@@ -539,24 +539,24 @@ impl CellCache {
         for t in &mut self.tables {
             t.reset();
         }
-        for slot in 0..self.seqs.len() {
-            if let Some(s) = self.seqs.get_mut(slot) {
+        for ix in 0..self.seqs.len() {
+            if let Some(s) = self.seqs.get_mut(ix) {
                 for l in &mut s.lists {
                     l.clear();
                 }
                 s.evicted.clear();
                 s.evicted_len = 0;
             }
-            self.retire_slot(slot);
+            self.retire_index(ix);
         }
-        self.free_slots.clear();
+        self.free_indices.clear();
         let reusable = |s: &usize| self.seqs.get(*s).is_some_and(|q| !q.exhausted);
         let free: Vec<u32> = (0..self.seqs.len())
             .rev()
             .filter(reusable)
             .filter_map(|s| u32::try_from(s).ok())
             .collect();
-        self.free_slots = free;
+        self.free_indices = free;
         self.close_step();
     }
 
@@ -604,7 +604,7 @@ impl CellCache {
             cells: &table.step_cells,
             positions: &self.step_pos,
             seq_ids: &self.step_ids,
-            slots: &self.step_slots,
+            seq_indices: &self.step_indices,
             seqs: &self.seqs,
             read_len: table.read_len,
             policy,

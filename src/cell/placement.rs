@@ -12,15 +12,15 @@ use crate::error::{CacheError, Result};
 #[derive(Clone, Default)]
 pub(super) struct Scratch {
     pub(super) stamp: u64,
-    /// `seen[slot] == stamp` when the slot has a token in the step being checked.
+    /// `seen[ix] == stamp` when the index has a token in the step being checked.
     pub(super) seen: Vec<u64>,
     pub(super) last: Vec<usize>,
     pub(super) count: Vec<usize>,
-    /// Ring entries the slot drops before placement.
+    /// Ring entries the index drops before placement.
     pub(super) drop_n: Vec<usize>,
-    /// Position of the slot's first kept ring entry (`usize::MAX`: none).
+    /// Position of the index's first kept ring entry (`usize::MAX`: none).
     pub(super) keep_from: Vec<usize>,
-    /// Distinct slots of the step, in first-token order.
+    /// Distinct indices of the step, in first-token order.
     pub(super) distinct: Vec<usize>,
 }
 
@@ -47,40 +47,40 @@ impl CellCache {
         let stamp = self.scratch.stamp;
         self.scratch.distinct.clear();
         for (i, (&id, &p)) in seq_ids.iter().zip(positions).enumerate() {
-            let slot = self.slot_of(id, "begin_step")?;
+            let ix = self.index_of(id, "begin_step")?;
             if p == usize::MAX {
                 return Err(CacheError::InvalidArgument(format!(
                     "begin_step: token {i} position {p} is out of range"
                 )));
             }
-            let seen = self.scratch.seen.get(slot).copied().unwrap_or(0) == stamp;
+            let seen = self.scratch.seen.get(ix).copied().unwrap_or(0) == stamp;
             if seen {
-                let last = self.scratch.last.get(slot).copied().unwrap_or(0);
+                let last = self.scratch.last.get(ix).copied().unwrap_or(0);
                 if p <= last {
                     return Err(CacheError::InvalidArgument(format!(
                         "begin_step: token {i} of sequence {id} at position {p} does not follow its previous token at {last} (positions within a step must strictly increase)"
                     )));
                 }
-                if let Some(c) = self.scratch.count.get_mut(slot) {
+                if let Some(c) = self.scratch.count.get_mut(ix) {
                     *c = c.saturating_add(1);
                 }
             } else {
-                let next = self.next_pos_slot(slot);
+                let next = self.next_pos_slot(ix);
                 if p < next {
                     return Err(CacheError::StepProtocol(format!(
                         "begin_step: token {i} would rewrite position {p} of sequence {id}, which holds positions up to {}; a step only extends",
                         next.saturating_sub(1)
                     )));
                 }
-                if let Some(s) = self.scratch.seen.get_mut(slot) {
+                if let Some(s) = self.scratch.seen.get_mut(ix) {
                     *s = stamp;
                 }
-                if let Some(c) = self.scratch.count.get_mut(slot) {
+                if let Some(c) = self.scratch.count.get_mut(ix) {
                     *c = 1;
                 }
-                self.scratch.distinct.push(slot);
+                self.scratch.distinct.push(ix);
             }
-            if let Some(l) = self.scratch.last.get_mut(slot) {
+            if let Some(l) = self.scratch.last.get_mut(ix) {
                 *l = p;
             }
         }
@@ -108,15 +108,15 @@ impl CellCache {
         self.step_ids.extend_from_slice(seq_ids);
         self.step_pos.clear();
         self.step_pos.extend_from_slice(positions);
-        self.step_slots.clear();
+        self.step_indices.clear();
         for t in &mut self.tables {
             t.step_cells.clear();
         }
         for (&id, &p) in seq_ids.iter().zip(positions) {
             // Ids were validated by `check_tokens`.
-            let slot = ids::split(id, self.n_seq_max).map_or(0, |(slot, _)| slot);
-            self.step_slots.push(slot as u32);
-            let Some(s) = self.seqs.get_mut(slot) else {
+            let ix = ids::split(id, self.n_seq_max).map_or(0, |(ix, _)| ix);
+            self.step_indices.push(ix as u32);
+            let Some(s) = self.seqs.get_mut(ix) else {
                 continue;
             };
             for (ti, (table, list)) in self.tables.iter_mut().zip(s.lists.iter_mut()).enumerate() {
@@ -126,7 +126,7 @@ impl CellCache {
                         "begin_step: table {ti} ran out of cells after admission (internal error)"
                     )));
                 };
-                table.add_owner(cell as usize, slot);
+                table.add_owner(cell as usize, ix);
                 table.step_cells.push(cell);
                 list.push_back(Entry { pos: p, cell });
             }

@@ -22,7 +22,7 @@ pub struct CellStepPlan<'a> {
     pub(super) cells: &'a [u32],
     pub(super) positions: &'a [usize],
     pub(super) seq_ids: &'a [SeqId],
-    pub(super) slots: &'a [u32],
+    pub(super) seq_indices: &'a [u32],
     pub(super) seqs: &'a [Seq],
     pub(super) read_len: usize,
     pub(super) policy: LayerPolicy,
@@ -95,7 +95,7 @@ impl<'a> CellStepPlan<'a> {
     /// O(k + r log r) for k visible cells forming r runs in position order,
     /// never O(n_cells).
     pub fn visible_into(&self, i: usize, out: &mut Vec<Run>) -> Result<()> {
-        let (slot, pos) = match (self.slots.get(i), self.positions.get(i)) {
+        let (ix, pos) = match (self.seq_indices.get(i), self.positions.get(i)) {
             (Some(s), Some(p)) => (*s as usize, *p),
             _ => {
                 return Err(CacheError::InvalidArgument(format!(
@@ -106,7 +106,7 @@ impl<'a> CellStepPlan<'a> {
         };
         let list = self
             .seqs
-            .get(slot)
+            .get(ix)
             .and_then(|s| s.lists.get(self.table))
             .ok_or_else(|| {
                 CacheError::InvalidArgument(format!("visible: token {i} has no sequence state"))
@@ -151,8 +151,8 @@ fn merge_adjacent(runs: &mut [Run]) -> usize {
             prev.len += cur.len;
         } else {
             w += 1;
-            if let Some(slot) = runs.get_mut(w) {
-                *slot = cur;
+            if let Some(run) = runs.get_mut(w) {
+                *run = cur;
             }
         }
     }

@@ -104,11 +104,11 @@ pub(super) fn max_outside(
 }
 
 impl CellCache {
-    pub(super) fn max_evicted_below(&self, slot: usize, bound: usize) -> Option<usize> {
-        ranges_max_below(&self.seq_ref(slot)?.evicted, bound)
+    pub(super) fn max_evicted_below(&self, ix: usize, bound: usize) -> Option<usize> {
+        ranges_max_below(&self.seq_ref(ix)?.evicted, bound)
     }
 
-    /// Refuses a change that would leave `slot` with held positions dropped from
+    /// Refuses a change that would leave `ix` with held positions dropped from
     /// the ring table that its next step's window needs.
     pub(super) fn check_hole(
         &self,
@@ -140,16 +140,16 @@ impl CellCache {
         };
         let keep = self.ring_keep;
         // How many ring entries each sequence of the step drops.
-        for &slot in &self.scratch.distinct {
-            let list = self.seqs.get(slot).and_then(|s| s.lists.get(r));
+        for &ix in &self.scratch.distinct {
+            let list = self.seqs.get(ix).and_then(|s| s.lists.get(r));
             let len = list.map_or(0, |l| l.len());
-            let cnt = self.scratch.count.get(slot).copied().unwrap_or(0);
+            let cnt = self.scratch.count.get(ix).copied().unwrap_or(0);
             let d = len.saturating_add(cnt).saturating_sub(keep).min(len);
-            if let Some(x) = self.scratch.drop_n.get_mut(slot) {
+            if let Some(x) = self.scratch.drop_n.get_mut(ix) {
                 *x = d;
             }
             let kf = list.and_then(|l| l.get(d)).map_or(usize::MAX, |e| e.pos);
-            if let Some(x) = self.scratch.keep_from.get_mut(slot) {
+            if let Some(x) = self.scratch.keep_from.get_mut(ix) {
                 *x = kf;
             }
         }
@@ -161,9 +161,9 @@ impl CellCache {
         }
         let stamp = self.scratch.stamp;
         let mut reclaim = 0usize;
-        for &slot in &self.scratch.distinct {
-            let d = self.scratch.drop_n.get(slot).copied().unwrap_or(0);
-            let Some(list) = self.seqs.get(slot).and_then(|s| s.lists.get(r)) else {
+        for &ix in &self.scratch.distinct {
+            let d = self.scratch.drop_n.get(ix).copied().unwrap_or(0);
+            let Some(list) = self.seqs.get(ix).and_then(|s| s.lists.get(r)) else {
                 continue;
             };
             for e in list.range(..d) {
@@ -193,7 +193,7 @@ impl CellCache {
                         }
                     }
                 }
-                if all_drop && lowest == slot {
+                if all_drop && lowest == ix {
                     reclaim = reclaim.saturating_add(1);
                 }
             }
@@ -212,17 +212,16 @@ impl CellCache {
     pub(super) fn evict_ring_drops(&mut self) {
         if let Some(r) = self.ring {
             let distinct = std::mem::take(&mut self.scratch.distinct);
-            for &slot in &distinct {
-                let d = self.scratch.drop_n.get(slot).copied().unwrap_or(0);
-                let (Some(s), Some(table)) = (self.seqs.get_mut(slot), self.tables.get_mut(r))
-                else {
+            for &ix in &distinct {
+                let d = self.scratch.drop_n.get(ix).copied().unwrap_or(0);
+                let (Some(s), Some(table)) = (self.seqs.get_mut(ix), self.tables.get_mut(r)) else {
                     continue;
                 };
                 let Some(list) = s.lists.get_mut(r) else {
                     continue;
                 };
                 for e in list.drain(..d.min(list.len())) {
-                    table.remove_owner(e.cell as usize, slot);
+                    table.remove_owner(e.cell as usize, ix);
                     match s.evicted.last_mut() {
                         Some(last) if last.1 == e.pos => last.1 = last.1.saturating_add(1),
                         _ => s.evicted.push((e.pos, e.pos.saturating_add(1))),

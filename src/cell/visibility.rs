@@ -45,12 +45,8 @@ impl CellCache {
             };
             buf.clear();
             buf.resize(size, 0);
-            for (i, (&slot, &p)) in self.step_slots.iter().zip(&self.step_pos).enumerate() {
-                let Some(list) = self
-                    .seqs
-                    .get(slot as usize)
-                    .and_then(|s| s.lists.get(table))
-                else {
+            for (i, (&ix, &p)) in self.step_indices.iter().zip(&self.step_pos).enumerate() {
+                let Some(list) = self.seqs.get(ix as usize).and_then(|s| s.lists.get(table)) else {
                     continue;
                 };
                 // i < t and cell < read_len, so row + cell < t * read_len (checked above).
