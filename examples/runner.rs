@@ -315,14 +315,8 @@ fn build_cache(a: &Args) -> BoxResult<KvCellCache> {
         initial_capacity: capacity.min(64),
         max_step,
     };
-    let keep = a.window + max_step - 1;
-    let flat_need = a.prefix + a.seqs * a.decode;
-    let ring_need = a.prefix.min(keep) + a.seqs * a.decode.min(keep) + a.seqs;
-    Ok(KvCellCache::new(
-        cfg,
-        flat_need.max(ring_need),
-        a.seqs.max(1),
-    )?)
+    let n_cells = offgraph_kv::window::cells_for_forks(&cfg, a.prefix, a.seqs, a.decode);
+    Ok(KvCellCache::new(cfg, n_cells, a.seqs.max(1))?)
 }
 
 struct Runner<'a> {

@@ -199,10 +199,9 @@ impl CacheConfig {
     pub fn depth(&self, policy: LayerPolicy) -> usize {
         match policy {
             LayerPolicy::Flat => self.capacity,
-            LayerPolicy::Ring { window } => window
-                .saturating_add(self.max_step)
-                .saturating_sub(1)
-                .min(self.capacity),
+            LayerPolicy::Ring { window } => {
+                crate::window::ring_keep(window, self.max_step).min(self.capacity)
+            }
         }
     }
 }

@@ -170,7 +170,7 @@ impl CellCache {
         };
         // Saturating: a window at or above what a sequence can hold keeps every
         // position, which is what a full layer does.
-        let ring_keep = ring_window.saturating_add(cfg.max_step.saturating_sub(1));
+        let ring_keep = crate::window::ring_keep(ring_window, cfg.max_step);
         let policy_table = policies
             .iter()
             .map(|p| match p {

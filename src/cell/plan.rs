@@ -36,7 +36,7 @@ pub(super) fn visible_range(
     window: Option<usize>,
 ) -> std::collections::vec_deque::Iter<'_, Entry> {
     // pos(j) > pos - window  <=>  pos(j) >= pos + 1 - window
-    let lo = window.map_or(0, |w| pos.saturating_add(1).saturating_sub(w));
+    let lo = crate::window::first_visible(pos, window);
     let a = list.partition_point(|e| e.pos < lo);
     let b = list.partition_point(|e| e.pos <= pos);
     list.range(a..b.max(a))
