@@ -40,6 +40,9 @@ from ._native import (
     SequencePlanner,
     __version__,
     attend,
+    cells_for_forks,
+    first_visible,
+    ring_keep,
 )
 from .registry import CacheSession
 
@@ -73,5 +76,8 @@ __all__ = [
     "UnknownSequenceError",
     "__version__",
     "attend",
+    "cells_for_forks",
+    "first_visible",
     "registry",
+    "ring_keep",
 ]

@@ -265,7 +265,6 @@ def _cfg_rows():
         "max_step > capacity": lambda: okv.CacheConfig(4, 1, L, max_step=5),
         "initial_capacity 0": lambda: okv.CacheConfig(4, 1, L, initial_capacity=0),
         "layers 2 for n_layers 3": lambda: okv.CacheConfig(4, 3, [L, L]),
-        "window > capacity": lambda: okv.CacheConfig(4, 1, okv.LayerConfig(okv.Ring(5), 1, 1)),
         "heads 0": lambda: okv.CacheConfig(4, 1, okv.LayerConfig(okv.Flat(), 0, 1)),
         "huge": lambda: okv.CacheConfig(2**63 - 1, 1, L, max_step=2**63 - 1),
     }
@@ -288,6 +287,21 @@ def _cfg_rows():
                 E.ConfigError,
             )
     row("CacheConfig.validate", "valid", w, lambda _: config().validate(), OK)
+    # Edges the upstream design accepts: a full layer, and a clamped initial capacity.
+    row(
+        "CacheConfig.validate",
+        "window > capacity is a full layer",
+        w,
+        lambda _: okv.CacheConfig(4, 1, okv.LayerConfig(okv.Ring(5), 1, 1)).validate(),
+        OK,
+    )
+    row(
+        "CacheConfig.validate",
+        "initial_capacity > capacity is clamped",
+        w,
+        lambda _: okv.CacheConfig(4, 1, L, initial_capacity=512).validate(),
+        OK,
+    )
     for case, v, exc in BAD_INDEX_NONE + [("layer 2 of 2", 2, E.InvalidArgumentError)]:
         row("CacheConfig.depth", case, w, lambda _, v=v: config().depth(v), exc)
     row(
@@ -1077,6 +1091,46 @@ def _registry_rows():
 _registry_rows()
 
 
+def _window_rows():
+    w = plain_world
+    cfg = config()
+    for case, v, exc in BAD_INDEX_NONE:
+        row("ring_keep", f"window {case}", w, lambda _, v=v: okv.ring_keep(v, 1), exc)
+        row("ring_keep", f"max_step {case}", w, lambda _, v=v: okv.ring_keep(4, v), exc)
+        row("first_visible", f"pos {case}", w, lambda _, v=v: okv.first_visible(v, 4), exc)
+        row(
+            "cells_for_forks",
+            f"prefix {case}",
+            w,
+            lambda _, v=v: okv.cells_for_forks(cfg, v, 1, 1),
+            exc,
+        )
+        row(
+            "cells_for_forks",
+            f"n_seqs {case}",
+            w,
+            lambda _, v=v: okv.cells_for_forks(cfg, 1, v, 1),
+            exc,
+        )
+        if v is not None:
+            row("first_visible", f"window {case}", w, lambda _, v=v: okv.first_visible(4, v), exc)
+    for case, v in [("None", None), ("int", 3), ("LayerConfig", okv.LayerConfig(okv.Flat(), 1, 1))]:
+        row(
+            "cells_for_forks",
+            f"cfg {case}",
+            w,
+            lambda _, v=v: okv.cells_for_forks(v, 1, 1, 1),
+            TypeError,
+        )
+    row("ring_keep", "valid", w, lambda _: okv.ring_keep(512, 4), OK, lambda _, r: r == 515)
+    row("first_visible", "flat", w, lambda _: okv.first_visible(9), OK, lambda _, r: r == 0)
+    row("first_visible", "ring", w, lambda _: okv.first_visible(9, 4), OK, lambda _, r: r == 6)
+    row("cells_for_forks", "valid", w, lambda _: okv.cells_for_forks(cfg, 8, 2, 3), OK)
+
+
+_window_rows()
+
+
 # --- classes that Python cannot construct directly
 for _cls in (
     okv.SequenceControl,
@@ -1169,7 +1223,7 @@ def public_api():
     for n in dir(_native):
         obj = getattr(_native, n)
         if not n.startswith("_") and inspect.isbuiltin(obj):
-            assert n == "attend" or f"registry.{n}" in names, f"_native.{n} has no public wrapper"
+            assert n in names or f"registry.{n}" in names, f"_native.{n} has no public wrapper"
     return names
 
 

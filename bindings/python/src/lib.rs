@@ -10,6 +10,7 @@ mod errors;
 mod registry;
 mod sequence;
 mod spec;
+mod window;
 
 use pyo3::prelude::*;
 
@@ -40,6 +41,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::unique_key, m)?)?;
     m.add_function(wrap_pyfunction!(registry::register_builder, m)?)?;
     m.add_function(wrap_pyfunction!(registry::build, m)?)?;
+    m.add_function(wrap_pyfunction!(window::ring_keep, m)?)?;
+    m.add_function(wrap_pyfunction!(window::first_visible, m)?)?;
+    m.add_function(wrap_pyfunction!(window::cells_for_forks, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
