@@ -1,4 +1,4 @@
-/* The demo model of examples/runner.rs (and python/offgraph_kv/demo_model.py)
+/* The demo model of examples/runner/ (and python/offgraph_kv/demo_model.py)
  * in C: the counter-based splitmix64 weights, RMS norm, an order-preserving
  * f32 matmul (no FMA: build with -ffp-contract=off), head reshapes and the
  * greedy choice. Header-only (static functions) so the C and C++ runners

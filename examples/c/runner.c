@@ -1,5 +1,5 @@
 /* The demo's decode loop through the C API: the workload of
- * examples/runner.rs with the same model, weights and tokens.
+ * examples/runner/ with the same model, weights and tokens.
  *
  * A shared prompt prefix is prefilled once, in chunks, on one sequence of a
  * okv_kv_cell_cache; every other sequence forks it with okv_kv_cell_cache_seq_clone
@@ -63,7 +63,7 @@ done:
     return rc;
 }
 
-/* The cache the demo builds, sized for its worst case (build_cache in runner.rs). */
+/* The cache the demo builds, sized for its worst case (build_cache in examples/runner/decode.rs). */
 static okv_status build_cache(const dm_args *a, okv_kv_cell_cache **out) {
     size_t capacity = a->prefix + a->decode;
     size_t max_step = a->chunk > a->seqs ? a->chunk : a->seqs;
@@ -102,7 +102,7 @@ static const char USAGE[] =
     "usage: runner-c [--seqs N] [--prefix N] [--decode N] [--chunk N] [--layers N]\n"
     "                [--window N] [--hidden N] [--q-heads N] [--kv-heads N]\n"
     "                [--head-dim N] [--vocab N] [--seed INT] [--threads N]\n"
-    "The offgraph-kv demo's workload (same weights, prompt and tokens as examples/runner.rs) in C.\n";
+    "The offgraph-kv demo's workload (same weights, prompt and tokens as examples/runner/) in C.\n";
 
 int main(int argc, char **argv) {
     dm_args a = dm_default_args();

@@ -1,5 +1,5 @@
 // A C++ runner over offgraph_kv.hpp in the upstream step protocol: one
-// sequence in a okv::KvSequenceCache, the demo's model (examples/runner.rs)
+// sequence in a okv::KvSequenceCache, the demo's model (examples/runner/)
 // prefilling its prompt in chunks and then decoding greedily.
 //
 // Each step: admission with begin_step (it commits the step and returns its

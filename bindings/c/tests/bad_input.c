@@ -60,9 +60,15 @@ static void test_config_refusals(void) {
     EXPECT_OK(okv_config_validate(cfg));
     EXPECT_STATUS(okv_config_depth(cfg, LAYERS, &depth_after), OKV_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(okv_config_depth(cfg, 0, NULL), OKV_ERR_NULL_POINTER);
-    /* A window beyond the capacity and max_step 0 fail validation by name. */
+    /* A window beyond the capacity is a full layer, bounded by the capacity;
+     * a window of 0 and max_step 0 fail validation by name. */
     okv_layer_config wide = {OKV_POLICY_RING, CAP + 1, HEADS, HD};
     EXPECT_OK(okv_config_set_layers(cfg, &wide, 1));
+    EXPECT_OK(okv_config_validate(cfg));
+    EXPECT_OK(okv_config_depth(cfg, 1, &depth_after));
+    EXPECT(depth_after == CAP);
+    okv_layer_config empty = {OKV_POLICY_RING, 0, HEADS, HD};
+    EXPECT_OK(okv_config_set_layers(cfg, &empty, 1));
     EXPECT_STATUS(okv_config_validate(cfg), OKV_ERR_INVALID_CONFIG);
     EXPECT(strstr(okv_last_error(), "window") != NULL);
     EXPECT_OK(okv_config_set_layers(cfg, &ring, 1));
