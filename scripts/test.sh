@@ -19,6 +19,8 @@ echo "==> cargo test --workspace"
 cargo test --workspace --release 2>&1 | tee -a "$log"
 echo "==> pytest"
 python -m pytest -q tests/python 2>&1 | tee -a "$log"
+echo "==> C ABI: library, header, C/C++ examples and tests (plain, valgrind, ASan)"
+./scripts/test-c.sh 2>&1 | tee -a "$log"
 echo "==> valgrind memcheck over the Rust tests"
 ./scripts/valgrind-rust.sh
 echo "==> fuzz (cargo fuzz, fixed budget)"
@@ -30,7 +32,7 @@ import re, sys
 text = open(sys.argv[1]).read()
 passed = sum(int(n) for n in re.findall(r"test result: \w+\. (\d+) passed", text))
 failed = sum(int(n) for n in re.findall(r"test result: \w+\. \d+ passed; (\d+) failed", text))
-m = re.findall(r"^(\d+) passed(?:, (\d+) failed)?", text, flags=re.M)
+m = re.findall(r"^(?:c-tests: )?(\d+) passed(?:, (\d+) failed)?", text, flags=re.M)
 passed += sum(int(a) for a, _ in m)
 failed += sum(int(b or 0) for _, b in m)
 print(f"tests: {passed} passed, {failed} failed")
