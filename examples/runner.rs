@@ -314,6 +314,7 @@ fn build_cache(a: &Args) -> BoxResult<KvCellCache> {
         layers,
         initial_capacity: capacity.min(64),
         max_step,
+        ..CacheConfig::new(capacity, a.layers, Vec::new())
     };
     let keep = a.window + max_step - 1;
     let flat_need = a.prefix + a.seqs * a.decode;

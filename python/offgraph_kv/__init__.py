@@ -40,6 +40,7 @@ from ._native import (
     SequencePlanner,
     __version__,
     attend,
+    dequantize,
 )
 from .registry import CacheSession
 
@@ -73,5 +74,6 @@ __all__ = [
     "UnknownSequenceError",
     "__version__",
     "attend",
+    "dequantize",
     "registry",
 ]

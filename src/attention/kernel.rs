@@ -25,6 +25,7 @@
 // nonzero constants or validated counts.
 #![allow(clippy::arithmetic_side_effects)]
 
+use crate::dtype::{KvDtype, KvRows};
 use crate::runs::Run;
 
 /// Query rows per block.
@@ -81,6 +82,26 @@ pub(crate) trait Isa: Copy {
         }
     }
 
+    /// Widens `n_rows` stored rows of `dtype` (`src`, `dtype.row_bytes(hd)`
+    /// bytes each) into `dst` (`n_rows * hd` floats). Float32 rows are never
+    /// passed here (the kernels read them in place).
+    ///
+    /// # Safety
+    /// `src` holds `n_rows` whole rows, `dst` `n_rows * hd` floats; for q8_0
+    /// `hd % 32 == 0`; the CPU supports the ISA.
+    #[inline(always)]
+    unsafe fn decode_rows(dtype: KvDtype, src: *const u8, n_rows: usize, hd: usize, dst: *mut f32) {
+        let rb = dtype.row_bytes(hd);
+        // SAFETY: sizes per the contract.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(src, n_rows * rb),
+                std::slice::from_raw_parts_mut(dst, n_rows * hd),
+            )
+        };
+        decode_portable(dtype, src, dst);
+    }
+
     /// One row's softmax step over a score tile: lanes outside `[va, vb)`
     /// become 0, the others `exp2(s - mn)` with `mn = max(m_old, max of the
     /// visible lanes)`; returns `(mn, Σ p)`.
@@ -95,9 +116,9 @@ pub(crate) trait Isa: Copy {
 
 /// One unit of work: query rows of one KV head against key segments.
 pub(crate) struct Block<'a> {
-    /// K and V rows of this KV head: `slots * hd` floats each.
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    /// K and V rows of this KV head as stored: `slots` rows each.
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
     pub hd: usize,
     /// Scaled query rows, `nr * hd`.
     pub qs: &'a [f32],
@@ -119,6 +140,8 @@ pub(crate) struct State<'a> {
     pub acc: &'a mut [f32],
     /// Score tile scratch: two tiles of `RB * KT` (the pipeline's double buffer).
     pub sc: &'a mut [f32],
+    /// Widened K and V tiles of non-float32 pools: `2 * KT * hd` floats.
+    pub conv: &'a mut [f32],
 }
 
 impl State<'_> {
@@ -205,15 +228,24 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
     });
     // Software pipeline: the scores of tile t+1 go with P·V of tile t (two
     // score buffers), so K and V loads of neighbouring tiles overlap.
-    let State { m, l, acc, sc } = st;
+    let State {
+        m,
+        l,
+        acc,
+        sc,
+        conv,
+    } = st;
+    let (kconv, vconv) = conv.split_at_mut(KT * hd);
     let (sc0, sc1) = sc.split_at_mut(RB * KT);
     let mut bufs = [sc0, sc1];
     // Previous tile: (first pool row, keys to accumulate; 0 when no row saw it).
     let mut prev = (0usize, 0usize);
     let mut cur = 0usize;
     for (row0, nk, j) in tiles {
-        let kt = &b.k[row0 * hd..(row0 + nk) * hd];
-        let vp = &b.v[prev.0 * hd..(prev.0 + prev.1) * hd];
+        // SAFETY: the tile's rows lie inside the head's rows (validated runs),
+        // each conversion buffer holds KT * hd >= nk * hd floats.
+        let kt = unsafe { tile::<I>(b.k, row0, nk, hd, kconv) };
+        let vp = unsafe { tile::<I>(b.v, prev.0, prev.1, hd, vconv) };
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
         // SAFETY: qs has nr*hd floats, kt nk*hd, each score buffer RB*KT >= nr*KT
@@ -255,10 +287,68 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
         cur ^= 1;
     }
     if prev.1 > 0 {
-        let vp = &b.v[prev.0 * hd..(prev.0 + prev.1) * hd];
+        // SAFETY: as in the loop.
+        let vp = unsafe { tile::<I>(b.v, prev.0, prev.1, hd, vconv) };
         let p = &bufs[cur ^ 1];
         // SAFETY: p has nr*KT floats, vp prev.1*hd, acc nr*hd; prev.1 <= KT.
         unsafe { I::pv(p.as_ptr(), nr, vp.as_ptr(), prev.1, hd, acc.as_mut_ptr()) };
+    }
+}
+
+/// Rows `[row0, row0 + n)` of a head as f32: in place for a float32 pool,
+/// widened into `conv` otherwise.
+///
+/// # Safety
+/// The rows lie inside `rows`; `conv` holds `n * hd` floats; the CPU supports `I`.
+#[inline(always)]
+unsafe fn tile<'c, 'r: 'c, I: Isa>(
+    rows: KvRows<'r>,
+    row0: usize,
+    n: usize,
+    hd: usize,
+    conv: &'c mut [f32],
+) -> &'c [f32] {
+    if n == 0 {
+        return &[];
+    }
+    if let Some(f) = rows.f32() {
+        return &f[row0 * hd..(row0 + n) * hd];
+    }
+    let rb = rows.dtype.row_bytes(hd);
+    let src = &rows.bytes[row0 * rb..(row0 + n) * rb];
+    let dst = &mut conv[..n * hd];
+    // SAFETY: src holds n whole rows, dst n * hd floats; ISA per the contract.
+    unsafe { I::decode_rows(rows.dtype, src.as_ptr(), n, hd, dst.as_mut_ptr()) };
+    dst
+}
+
+/// Portable widening of stored rows (bit arithmetic; see `crate::dtype`).
+#[inline(always)]
+fn decode_portable(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
+    match dtype {
+        KvDtype::Float32 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        KvDtype::Bfloat16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
+            }
+        }
+        KvDtype::Float16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+            }
+        }
+        KvDtype::Q8_0 => {
+            for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
+                let scale = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+                for (x, q) in d.iter_mut().zip(&s[2..]) {
+                    *x = scale * (*q as i8) as f32;
+                }
+            }
+        }
     }
 }
 
