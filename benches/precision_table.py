@@ -15,7 +15,8 @@ def median_ms(group, name, ctx):
 
 
 def main():
-    print("| threads | ctx | dtype | native ms | floor ms | / float32 native | / own floor | / float32 floor |")
+    cols = ["threads", "ctx", "dtype", "native ms", "floor ms", "/ f32 native", "/ own floor"]
+    print("| " + " | ".join(cols + ["/ f32 floor"]) + " |")
     print("|---|---|---|---|---|---|---|---|")
     for threads in (1, 2):
         group = f"precision_threads{threads}"
@@ -27,9 +28,9 @@ def main():
                 continue
             for d in DTYPES:
                 t, fl = median_ms(group, d, ctx), median_ms(group, f"floor_{d}", ctx)
-                print(
-                    f"| {threads} | {ctx} | {d} | {t:.2f} | {fl:.2f} | {t / f32:.2f} | {t / fl:.2f} | {t / f32_floor:.2f} |"
-                )
+                cells = [threads, ctx, d, f"{t:.2f}", f"{fl:.2f}", f"{t / f32:.2f}"]
+                cells += [f"{t / fl:.2f}", f"{t / f32_floor:.2f}"]
+                print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 if __name__ == "__main__":
