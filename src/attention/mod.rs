@@ -1,7 +1,12 @@
 //! Pooled attention (issue 5): `softmax(q·Kᵀ·scale + mask)·V` straight over an
 //! [`AttendSpec`]'s pools, reading only the rows its key layout names.
 //!
-//! * `q` and the output are `[n_q_heads, T, head_dim]` f32, row-major.
+//! * `q` and the output are `[n_q_heads, T, head_dim]` f32, row-major. The
+//!   pools are read as stored, in any [`crate::KvDtype`] (K and V apart):
+//!   float32 in place; float16, bfloat16 and q8_0 widened to f32 next to the
+//!   arithmetic (AVX-512 decode: 16 values at a time in registers; other
+//!   shapes and ISAs: one 64-row tile at a time into an L1 scratch), never
+//!   as a copy of the history. Accumulation is f32 throughout.
 //!   `n_q_heads` is a nonzero multiple of the spec's `n_kv_heads` (grouped-query
 //!   attention): query head `h` reads KV head `h / (n_q_heads / n_kv_heads)`.
 //! * [`KeyLayout::Runs`]: token `i` sees row `r` of the concatenated read runs
@@ -188,7 +193,10 @@ pub fn attend_into(
 /// | prefill T=128/2048, 2 thr  | 24.5 ms  | 58.5 ms  | FMA bound 17.7 ms |
 ///
 /// Native wins every measured shape (decode by 6–9×, prefill by ~2.4×), so
-/// there is no crossover and `auto` picks `native` everywhere. XNNPACK would
+/// there is no crossover and `auto` picks `native` everywhere. Native is also
+/// the only backend that serves float16, bfloat16 and q8_0 pools (XNNPACK
+/// refuses them with `Backend`), so `auto` never picks a backend that cannot
+/// serve the spec. XNNPACK would
 /// need persistent packed pages (a per-page write generation from the byte
 /// layer) to compete; see the issue notes.
 pub fn resolve_backend(
