@@ -975,7 +975,61 @@ pub(crate) mod avx512 {
         }
     }
 
+    /// Widens `n_rows` stored rows into `dst` with `L`'s register loads.
+    ///
+    /// # Safety
+    /// `src` holds `n_rows` rows of `rb` bytes, `dst` `n_rows * hd` floats,
+    /// `hd % 16 == 0`; AVX-512F.
+    #[inline(always)]
+    unsafe fn widen_rows<L: Load>(
+        src: *const u8,
+        rb: usize,
+        n_rows: usize,
+        hd: usize,
+        dst: *mut f32,
+    ) {
+        for r in 0..n_rows {
+            let mut d = 0;
+            while d < hd {
+                // SAFETY: row r of src and of dst, 16 values at d < hd.
+                unsafe { _mm512_storeu_ps(dst.add(r * hd + d), L::load16(src.add(r * rb), d)) };
+                d += 16;
+            }
+        }
+    }
+
     impl Isa for Avx512 {
+        #[inline(always)]
+        unsafe fn decode_rows(
+            dtype: KvDtype,
+            src: *const u8,
+            n_rows: usize,
+            hd: usize,
+            dst: *mut f32,
+        ) {
+            let rb = dtype.row_bytes(hd);
+            if !hd.is_multiple_of(16) {
+                // SAFETY: sizes per the trait contract.
+                let (src, dst) = unsafe {
+                    (
+                        std::slice::from_raw_parts(src, n_rows * rb),
+                        std::slice::from_raw_parts_mut(dst, n_rows * hd),
+                    )
+                };
+                super::decode_portable(dtype, src, dst);
+                return;
+            }
+            // SAFETY: sizes per the trait contract; hd % 16 == 0.
+            unsafe {
+                match dtype {
+                    KvDtype::Float32 => widen_rows::<LF32>(src, rb, n_rows, hd, dst),
+                    KvDtype::Float16 => widen_rows::<LF16>(src, rb, n_rows, hd, dst),
+                    KvDtype::Bfloat16 => widen_rows::<LBf16>(src, rb, n_rows, hd, dst),
+                    KvDtype::Q8_0 => widen_rows::<LQ8>(src, rb, n_rows, hd, dst),
+                }
+            }
+        }
+
         #[inline(always)]
         fn stored_ok(nr: usize, hd: usize) -> bool {
             nr <= 4 && hd.is_multiple_of(16)
