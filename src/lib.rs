@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod cell;
 pub mod config;
+pub mod dtype;
 pub mod error;
 pub mod kv;
 pub mod registry;
@@ -24,6 +25,7 @@ pub mod window;
 pub use attention::{attend, attend_into, AttendOptions, Backend};
 pub use cell::{CellCache, CellStepPlan, SeqId};
 pub use config::{CacheConfig, LayerConfig, LayerPolicy};
+pub use dtype::{KvDtype, KvRows, RowsIn};
 pub use error::{CacheError, Result};
 pub use kv::{KvCellCache, KvSequenceCache};
 pub use runs::{MaskKind, Run, Runs};

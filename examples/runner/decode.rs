@@ -22,6 +22,7 @@ pub(crate) fn build_cache(a: &Args) -> BoxResult<KvCellCache> {
         layers,
         initial_capacity: capacity.min(64),
         max_step,
+        ..CacheConfig::new(capacity, a.layers, Vec::new())
     };
     let n_cells = offgraph_kv::window::cells_for_forks(&cfg, a.prefix, a.seqs, a.decode);
     Ok(KvCellCache::new(cfg, n_cells, a.seqs.max(1))?)

@@ -41,6 +41,7 @@ from ._native import (
     __version__,
     attend,
     cells_for_forks,
+    dequantize,
     first_visible,
     ring_keep,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "attend",
     "cells_for_forks",
     "first_visible",
+    "dequantize",
     "registry",
     "ring_keep",
 ]

@@ -20,11 +20,13 @@ impl LayerPools {
         for layer in 0..cfg.n_layers {
             let l = cfg.layer(layer)?;
             let depth = depth(cfg, layer)?;
-            pools.push(Pool::new(
+            pools.push(Pool::with_dtypes(
                 l.n_kv_heads,
                 l.head_dim,
                 cfg.initial_capacity.min(depth),
                 depth,
+                cfg.k_dtype,
+                cfg.v_dtype,
             )?);
         }
         Ok(LayerPools(pools))

@@ -64,8 +64,8 @@ pub(crate) unsafe fn run(spec: &AttendSpec<'_>, a: &AttendArgs, what: &str) -> R
     let opts = options(unsafe { a.opts.as_ref() })?;
     let o = span(a.out as *const f32, a.out_len);
     if overlaps(span(a.q, a.q_len), o)
-        || overlaps(span_of(spec.k), o)
-        || overlaps(span_of(spec.v), o)
+        || overlaps(span_of(spec.k.bytes), o)
+        || overlaps(span_of(spec.v.bytes), o)
     {
         return Err(fail(
             okv_status::OKV_ERR_INVALID_ARGUMENT,

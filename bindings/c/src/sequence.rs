@@ -102,8 +102,10 @@ pub struct okv_pool_view {
 
 pub(crate) fn pool_to_c(p: &Pool) -> okv_pool_view {
     okv_pool_view {
-        k: p.k().as_ptr(),
-        v: p.v().as_ptr(),
+        // Configs built through C are float32 (pool dtypes are not exposed to
+        // C yet), so the rows are f32 and 64-byte aligned.
+        k: p.k().bytes.as_ptr().cast::<f32>(),
+        v: p.v().bytes.as_ptr().cast::<f32>(),
         n_kv_heads: p.n_heads(),
         slots: p.slots(),
         head_dim: p.head_dim(),
@@ -118,7 +120,7 @@ pub(crate) fn check_rows_apart(
     what: &str,
 ) -> R<()> {
     for input in [k, v] {
-        if overlaps(input, span_of(pool.k())) || overlaps(input, span_of(pool.v())) {
+        if overlaps(input, span_of(pool.k().bytes)) || overlaps(input, span_of(pool.v().bytes)) {
             return Err(fail(
                 okv_status::OKV_ERR_INVALID_ARGUMENT,
                 format!("{what}: k or v overlaps the cache's own pools; copy the rows first"),

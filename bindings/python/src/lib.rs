@@ -33,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cell::PyCellStepPlan>()?;
     m.add_function(wrap_pyfunction!(attention::attend, m)?)?;
     m.add_class::<spec::PoolBuffer>()?;
+    m.add_function(wrap_pyfunction!(spec::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(registry::install, m)?)?;
     m.add_function(wrap_pyfunction!(registry::get, m)?)?;
     m.add_function(wrap_pyfunction!(registry::erase, m)?)?;
