@@ -1,5 +1,5 @@
 """Accuracy of low-precision pools on a real model: Gemma 3 270M (5 sliding layers of window 512
-per full layer), teacher-forced over ~640 tokens of real text in chunks of 32, with the
+per full layer), teacher-forced over ~640 tokens of real text in chunks of 128, with the
 "offgraph" attention reading the pools in place. Each dtype's next-token distributions are
 compared with a float32 cache's: mean KL(float32 || dtype) and top-1 agreement."""
 
@@ -18,7 +18,7 @@ import torch
 from offgraph_kv.hf import ATTN_NAME, OffgraphCache
 
 N_TOKENS = 640
-CHUNK = 32
+CHUNK = 128
 # Bounds with a wide margin over what this test measured (see the README's precision table);
 # the issue's own DynamicCache fake-quantization figures are 7e-7 / 4e-5 / 1e-3 mean KL.
 BOUNDS = {"float16": (1e-4, 0.99), "bfloat16": (2e-3, 0.97), "q8_0": (2e-2, 0.93)}

@@ -55,8 +55,6 @@ def test_exception_tree():
         (dict(max_step=0), "max_step", "0"),
         (dict(max_step=65), "max_step", "65"),
         (dict(initial_capacity=0), "initial_capacity", "0"),
-        (dict(initial_capacity=100), "initial_capacity", "100"),
-        (dict(window=65), "window", "65"),
         (dict(heads=0), "n_kv_heads", "0"),
         (dict(dim=0), "head_dim", "0"),
     ],
