@@ -88,8 +88,9 @@ def cell_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention of one cell-cache step: ``attend(q, spec)`` on the spec ``key`` carries.
 
-    ``attention_mask`` is ignored: the spec's per-token mask is the truth (the registered mask
-    function returns ``None``). Returns ``[1, T, n_q_heads, head_dim]``.
+    ``attention_mask`` is ``None``: transformers builds no mask for an attention name without a
+    registered mask function, and the spec's per-token mask is the truth. Returns
+    ``[1, T, n_q_heads, head_dim]``.
     """
     spec = getattr(key, _SPEC_ATTR, None)
     if spec is None:
@@ -104,18 +105,12 @@ def cell_attention(
     return out.to(query.dtype).contiguous(), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The mask of a cell step lives in the spec; transformers builds none."""
-    return None
-
-
 def register_cell_attention(name: str = CELL_ATTN_NAME) -> None:
-    """Register :func:`cell_attention` and a mask function returning ``None`` (idempotent)."""
+    """Register :func:`cell_attention` (idempotent). No mask function is registered on purpose:
+    without one transformers skips building masks, which a cell step does not use."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, cell_attention)
-    AttentionMaskInterface.register(name, _no_mask)
 
 
 register_cell_attention()
@@ -471,8 +466,7 @@ class BatchGenerator:
             out = self.model(
                 input_ids=ids,
                 position_ids=pos,
-                cache_position=pos[0],
-                past_key_values=self._past,
+                cache=self._past,
                 use_cache=True,
                 logits_to_keep=keep,
             )
