@@ -238,7 +238,9 @@ def test_sampling_is_seeded_per_request_and_top_p_tiny_is_greedy():
     d = gen.generate([p], 12, temperature=1.0, seed=8)[0]
     e = gen.generate([p], 12, temperature=50.0, seed=9)[0]
     assert len({tuple(a), tuple(d), tuple(e)}) > 1
-    assert gen.generate([p], 12, temperature=1.0, top_p=1e-9, seed=1)[0] == reference(model, p, 12)[0]
+    assert (
+        gen.generate([p], 12, temperature=1.0, top_p=1e-9, seed=1)[0] == reference(model, p, 12)[0]
+    )
 
 
 def _snapshot(gen: BatchGenerator):
