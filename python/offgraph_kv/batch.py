@@ -58,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -326,20 +327,28 @@ class BatchGenerator:
     ) -> _Request:
         """A validated request (not queued)."""
         prompt = self._tokens(prompt_ids)
-        if isinstance(max_new_tokens, bool) or int(max_new_tokens) < 1:
+        try:
+            max_new = operator.index(max_new_tokens)
+        except TypeError as e:
+            raise InvalidArgumentError(f"max_new_tokens: expected an int, got {e}") from e
+        if isinstance(max_new_tokens, bool) or max_new < 1:
             raise InvalidArgumentError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
-        max_new = int(max_new_tokens)
-        if eos_token_id is None:
-            eos: frozenset[int] = frozenset()
-        elif isinstance(eos_token_id, int):
-            eos = frozenset([int(eos_token_id)])
-        else:
-            eos = frozenset(int(t) for t in eos_token_id)
+        try:
+            if eos_token_id is None:
+                eos: frozenset[int] = frozenset()
+            elif isinstance(eos_token_id, (int, torch.Tensor)) or hasattr(
+                eos_token_id, "__index__"
+            ):
+                eos = frozenset([operator.index(eos_token_id)])
+            else:
+                eos = frozenset(operator.index(t) for t in eos_token_id)
+        except TypeError as e:
+            raise InvalidArgumentError(f"eos_token_id: expected token ids, got {e}") from e
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)):
             raise InvalidArgumentError(f"temperature: expected a finite number, got {temperature}")
         if temperature < 0:
             raise InvalidArgumentError(f"temperature: expected >= 0, got {temperature}")
-        if not (0.0 < float(top_p) <= 1.0):
+        if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
             raise InvalidArgumentError(f"top_p: expected in (0, 1], got {top_p}")
         total = len(prompt) + max_new - 1
         if total > self.max_positions:

@@ -260,6 +260,9 @@ def _snapshot(gen: BatchGenerator):
         (([1, 2], 4), {"temperature": float("nan")}, okv.InvalidArgumentError),
         (([1, 2], 4), {"top_p": 0.0}, okv.InvalidArgumentError),
         (([1, 2], 4), {"top_p": 1.5}, okv.InvalidArgumentError),
+        (([1, 2], "4"), {}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"eos_token_id": "x"}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"top_p": "a"}, okv.InvalidArgumentError),
         (([1] * 60, 10), {}, okv.CapacityError),  # may write 69 tokens into 64 cells
         ((torch.ones(2, 3, dtype=torch.long), 4), {}, okv.InvalidArgumentError),
     ],
@@ -418,3 +421,26 @@ def test_gemma3_full_generator_requests_wait_then_finish(gemma3_270m):
     done = gen.run()
     for r, p, n in zip(rids, prompts, news):
         assert_greedy_matches(reference(model, p, n), done[r])
+
+
+def test_eos_may_be_a_list_of_ids():
+    model = tiny()
+    p = rand_tokens(9, 90)
+    ref = reference(model, p, 10)[0]
+    gen = BatchGenerator(model, n_cells=128)
+    got = gen.generate([p], 10, eos_token_id=[127, ref[4]])[0]
+    assert got == ref[: ref.index(ref[4]) + 1]
+
+
+def test_serve_demo_prints_throughput_reuse_and_cells(monkeypatch, capsys):
+    from offgraph_kv import cli, serve_demo
+
+    monkeypatch.setattr(serve_demo, "_load", lambda threads: (tiny(), None, "a tiny model"))
+    assert cli.main(["serve-demo", "--requests", "4", "--new", "5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "4 requests on a tiny model" in out
+    assert "new tokens/s (20 tokens)" in out
+    reuse = int(out.split("prefix reuse")[1].split()[0])
+    assert reuse >= 3 * 40  # three of the four requests fork the 48-token shared prompt
+    held, unshared = (int(x) for x in out.split("cells held (peak)")[1].split()[:3:2])
+    assert held < unshared
