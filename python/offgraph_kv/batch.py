@@ -240,6 +240,10 @@ class BatchGenerator:
         max_batch_tokens: most tokens one step carries (also the cache's ``max_step``).
         kv_dtype: storage dtype of the pools (``None``: float32).
         prefix_cache: keep finished sequences' cells as prefix cache until cells are needed.
+
+    ``step`` switches ``model.config._attn_implementation`` to :data:`CELL_ATTN_NAME` for the
+    duration of its forward and restores it after: do not run the same model from another
+    thread while a step runs.
     """
 
     def __init__(
