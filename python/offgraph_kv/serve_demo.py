@@ -63,18 +63,17 @@ def _load(threads: int) -> tuple[Any, Any, str]:
     return model, tok, "Gemma 3 270M (float32, from PyPI)"
 
 
-def _prompts(tok: Any, n: int, vocab: int) -> list[list[int]]:
+def _prompts(tok: Any, n: int, vocab: int) -> tuple[list[list[int]], int]:
+    """The prompts and the length of the shared system prompt."""
     if tok is not None:
         system = tok(SYSTEM, add_special_tokens=True)["input_ids"]
-        return [
-            system + tok(QUESTIONS[i % len(QUESTIONS)] + f" (customer {i})")["input_ids"][1:]
-            for i in range(n)
-        ]
+        asks = [QUESTIONS[i % len(QUESTIONS)] + f" (customer {i})" for i in range(n)]
+        return [system + tok(q, add_special_tokens=False)["input_ids"] for q in asks], len(system)
     import torch
 
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(1, vocab, (48,), generator=g).tolist()
-    return [shared + torch.randint(1, vocab, (8,), generator=g).tolist() for _ in range(n)]
+    return [shared + torch.randint(1, vocab, (8,), generator=g).tolist() for _ in range(n)], 48
 
 
 def _bar(done: int, total: int, width: int = 30) -> str:
@@ -86,7 +85,8 @@ def cmd_serve_demo(args: argparse.Namespace) -> int:
     from .hf import BatchGenerator
 
     model, tok, what = _load(args.threads)
-    prompts = _prompts(tok, args.requests, int(model.config.get_text_config().vocab_size))
+    vocab = int(model.config.get_text_config().vocab_size)
+    prompts, n_system = _prompts(tok, args.requests, vocab)
     cells = sum(len(p) + args.new for p in prompts)
     gen = BatchGenerator(
         model, n_cells=cells, n_seq_max=args.requests + 1, max_batch_tokens=args.max_batch_tokens
@@ -95,7 +95,7 @@ def cmd_serve_demo(args: argparse.Namespace) -> int:
     rids = [gen.add(p, args.new, eos_token_id=eos) for p in prompts]
     print(
         f"offgraph-kv serve-demo: {args.requests} requests on {what}, a shared system prompt of "
-        f"~{len(prompts[0]) - 8} tokens, up to {args.new} new tokens each, greedy",
+        f"{n_system} tokens, up to {args.new} new tokens each, greedy",
         flush=True,
     )
     progress = not args.no_progress and sys.stderr.isatty()
