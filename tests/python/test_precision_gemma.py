@@ -41,13 +41,17 @@ def teacher_forced_logits(model, ids: torch.Tensor, kv_dtype: str) -> torch.Tens
 
 
 @pytest.fixture(scope="module")
-def runs(gemma3_270m):
-    model, tok = gemma3_270m
+def runs(gemma3_270m, gemma3_270m_tokenizer):
+    model, tok = gemma3_270m, gemma3_270m_tokenizer
+    before = model.config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)
     torch.set_num_threads(2)
-    ids = tok(real_text(), return_tensors="pt").input_ids[:, :N_TOKENS]
-    assert ids.shape[1] == N_TOKENS  # past one ring window: the sliding layers wrap
-    return {d: teacher_forced_logits(model, ids, d) for d in ["float32", *BOUNDS]}
+    try:
+        ids = tok(real_text(), return_tensors="pt").input_ids[:, :N_TOKENS]
+        assert ids.shape[1] == N_TOKENS  # past one ring window: the sliding layers wrap
+        return {d: teacher_forced_logits(model, ids, d) for d in ["float32", *BOUNDS]}
+    finally:
+        model.set_attn_implementation(before)  # the model is shared by the session
 
 
 @pytest.mark.parametrize("dtype", list(BOUNDS))

@@ -1,0 +1,446 @@
+"""BatchGenerator: continuous batching over one KvCellCache.
+
+Two parts: scheduler tests on tiny random-weight models (configs built here, no downloads), and
+greedy equality with ``model.generate`` + ``DynamicCache`` on Gemma 3 270M (18 layers, sliding
+window 512 mixed with full layers), loaded once per session by the ``gemma3_270m`` fixture.
+
+Float rounding: a step batches many requests' tokens into one forward, so GEMMs see other shapes
+than ``generate``'s and logits can differ in the last bits. The only difference these tests
+accept is at a near-tie of the reference's top-2 logits (margin below ``TIE``), where the batch
+may pick the reference's second choice; from there on the continuations may diverge.
+"""
+
+from __future__ import annotations
+
+import offgraph_kv as okv
+import pytest
+import torch
+from offgraph_kv.hf import BatchGenerator
+from transformers import (
+    DynamicCache,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+torch.set_num_threads(2)
+
+TIE = 5e-3  # logits margin under which the top-2 of the reference count as a near-tie
+
+TINY = dict(
+    num_hidden_layers=6,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+)
+
+
+def tiny(name: str = "gemma3"):
+    torch.manual_seed(0)
+    if name == "gemma3":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(sliding_window=8, **TINY))
+    elif name == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**TINY))
+    else:
+        raise ValueError(name)
+    model.eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def rand_tokens(n: int, seed: int, lo: int = 1, hi: int = 128) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, (n,), generator=g).tolist()
+
+
+_REFS: dict = {}
+
+
+def reference(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and per-token logits of ``model.generate`` alone, with DynamicCache."""
+    key = (id(model), tuple(prompt), n)
+    if key not in _REFS:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]),
+                cache=DynamicCache(config=model.config),
+                max_new_tokens=n,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        _REFS[key] = (out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits])
+    return _REFS[key]
+
+
+def assert_greedy_matches(ref: tuple[list[int], list[torch.Tensor]], got: list[int]) -> None:
+    toks, logits = ref
+    for i, (a, b) in enumerate(zip(toks, got)):
+        if a != b:
+            top = torch.topk(logits[i].float(), 2)
+            margin = float(top.values[0] - top.values[1])
+            assert b == int(top.indices[1]) and margin < TIE, (
+                f"token {i}: generate gave {a}, the batch {b}; reference top-2 margin {margin}"
+            )
+            return  # a near-tie: the continuations may legitimately differ from here
+    assert len(got) == len(toks), (got, toks)
+
+
+# -- tiny random-weight models: the scheduler ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama"])
+def test_tiny_outputs_match_generate_with_shared_prefixes(name):
+    model = tiny(name)
+    prefix = rand_tokens(20, 1)
+    prompts = [prefix + rand_tokens(k, 10 + k) for k in (3, 7, 1, 12)] + [rand_tokens(30, 2)]
+    gen = BatchGenerator(model, n_cells=256, max_batch_tokens=16)
+    got = gen.generate(prompts, 15)
+    for p, g in zip(prompts, got):
+        assert g == reference(model, p, 15)[0]
+    st = gen.stats
+    # The first request prefills the prefix; the three others fork it, once it holds at least
+    # the first 16-token chunk (waiting a step for 4 more tokens is not worth it).
+    assert st["forks"] == 3 and 3 * 16 <= st["prefix_tokens_reused"] <= 3 * 20
+    assert st["cells_used"] < st["cells_unshared"]
+    assert st["steps"] >= 1 and st["generated_tokens"] == 75
+
+
+def test_a_step_carries_at_most_max_batch_tokens_and_every_decoder_gets_its_token():
+    model = tiny()
+    gen = BatchGenerator(model, n_cells=512, max_batch_tokens=8)
+    short = [gen.add(rand_tokens(3, s), 12) for s in (1, 2)]
+    gen.step()  # both shorts prefilled in one step (6 tokens)
+    long_rid = gen.add(rand_tokens(60, 3), 4)
+    steps_with_long_prefill = 0
+    while gen.has_work:
+        before = gen.stats["forward_tokens"]
+        out = dict(gen.step())
+        assert gen.stats["forward_tokens"] - before <= 8
+        running_shorts = [r for r in short if r in out]
+        if long_rid not in out and gen.stats["waiting"] == 0 and gen.stats["running"] == 3:
+            steps_with_long_prefill += 1
+            assert len(running_shorts) == 2  # decoders were not starved by the prefill
+    assert steps_with_long_prefill >= 5  # 60 tokens in chunks of at most 6 behind two decoders
+
+
+def test_decoding_requests_keep_their_token_while_a_long_prompt_is_prefilled():
+    model = tiny()
+    gen = BatchGenerator(model, n_cells=512, max_batch_tokens=10)
+    long_p, short_p = rand_tokens(50, 4), rand_tokens(4, 5)
+    long_rid = gen.add(long_p, 3)
+    short_rid = gen.add(short_p, 8)
+    first: dict[int, int] = {}
+    outs: dict[int, list[int]] = {long_rid: [], short_rid: []}
+    step = 0
+    while gen.has_work:
+        for rid, tok in gen.step():
+            first.setdefault(rid, step)
+            outs[rid].append(tok)
+        step += 1
+    assert first[short_rid] <= 1 < first[long_rid]
+    assert outs[long_rid] == reference(model, long_p, 3)[0]
+    assert outs[short_rid] == reference(model, short_p, 8)[0]
+
+
+def test_a_fork_the_ring_refuses_falls_back_to_a_fresh_prefill():
+    """Window 8, max_batch_tokens 4: a source that decoded far past the shared prefix no longer
+    holds the ring keys a fork at the prefix would need; the cell cache refuses the fork and the
+    request is prefilled from scratch, still matching generate."""
+    model = tiny()
+    gen = BatchGenerator(model, n_cells=512, max_batch_tokens=4)
+    base = rand_tokens(6, 6)
+    a = base + rand_tokens(2, 7)
+    gen.add(a, 30)
+    gen.run()
+    b = base + rand_tokens(3, 8)
+    got = gen.generate([b], 10)[0]
+    assert got == reference(model, b, 10)[0]
+    assert gen.stats["forks"] == 0 and gen.stats["prefix_tokens_reused"] == 0
+    # A source still holding the window forks fine.
+    gen2 = BatchGenerator(model, n_cells=512, max_batch_tokens=4)
+    gen2.add(a, 4)
+    gen2.run()
+    got = gen2.generate([a + rand_tokens(2, 9)], 6)[0]
+    assert got == reference(model, a + rand_tokens(2, 9), 6)[0]
+    assert gen2.stats["forks"] == 1 and gen2.stats["prefix_tokens_reused"] == len(a)
+
+
+def test_eos_ends_a_request_and_frees_its_cells():
+    model = tiny()
+    p = rand_tokens(10, 11)
+    ref = reference(model, p, 12)[0]
+    eos = ref[3]
+    k = ref.index(eos)
+    gen = BatchGenerator(model, n_cells=128, max_batch_tokens=16, prefix_cache=False)
+    other = rand_tokens(5, 12)
+    rid = gen.add(p, 12, eos_token_id=eos)
+    rid2 = gen.add(other, 12)
+    done = gen.run()
+    assert done[rid] == ref[: k + 1] and done[rid][-1] == eos
+    assert done[rid2] == reference(model, other, 12)[0]
+    assert gen.stats["cells_used"] == 0 and gen.kc.live_seqs == []
+
+
+def test_prefix_cache_is_evicted_lru_when_cells_are_needed():
+    model = tiny()
+    gen = BatchGenerator(model, n_cells=48, max_batch_tokens=16)
+    ps = [rand_tokens(14, 20 + i) for i in range(4)]
+    for p in ps:  # one after another: each finished sequence stays cached until cells run out
+        assert gen.generate([p], 6)[0] == reference(model, p, 6)[0]
+    st = gen.stats
+    assert st["evictions"] >= 1 and st["cells_used"] <= 48
+    assert 1 <= st["cached_sequences"] < 4
+    # The most recent one is still cached: asking again forks all but its last prompt token.
+    before = st["prefix_tokens_reused"]
+    assert gen.generate([ps[-1]], 6)[0] == reference(model, ps[-1], 6)[0]
+    assert gen.stats["prefix_tokens_reused"] - before == len(ps[-1]) - 1
+
+
+def test_a_full_generator_makes_requests_wait_then_finishes_them():
+    model = tiny()
+    prompts = [rand_tokens(10, 30 + i) for i in range(5)]
+    gen = BatchGenerator(model, n_cells=40, max_batch_tokens=32, prefix_cache=False)
+    rids = [gen.add(p, 10) for p in prompts]  # each may write 19 tokens: two fit at a time
+    most_running, waited = 0, False
+    while gen.has_work:
+        gen.step()
+        most_running = max(most_running, gen.stats["running"])
+        waited |= gen.stats["waiting"] > 0
+        assert gen.stats["cells_used"] <= 40
+    assert most_running == 2 and waited
+    done = gen.run()
+    assert [done[r] for r in rids] == [reference(model, p, 10)[0] for p in prompts]
+
+
+def test_sequence_ids_are_a_limit_too():
+    model = tiny()
+    prompts = [rand_tokens(6, 40 + i) for i in range(4)]
+    gen = BatchGenerator(model, n_cells=256, n_seq_max=2, max_batch_tokens=32)
+    got = gen.generate(prompts, 5)
+    assert got == [reference(model, p, 5)[0] for p in prompts]
+    assert len(gen.kc.live_seqs) <= 2
+
+
+def test_sampling_is_seeded_per_request_and_top_p_tiny_is_greedy():
+    model = tiny()
+    p = rand_tokens(8, 50)
+    gen = BatchGenerator(model, n_cells=256)
+    a, b, c = gen.generate([p, p, p], 12, temperature=1.0, seed=7)
+    assert a == b == c
+    d = gen.generate([p], 12, temperature=1.0, seed=8)[0]
+    e = gen.generate([p], 12, temperature=50.0, seed=9)[0]
+    assert len({tuple(a), tuple(d), tuple(e)}) > 1
+    assert (
+        gen.generate([p], 12, temperature=1.0, top_p=1e-9, seed=1)[0] == reference(model, p, 12)[0]
+    )
+
+
+def _snapshot(gen: BatchGenerator):
+    st = gen.stats
+    return st, list(gen.kc.live_seqs), gen.kc.free_cells, len(gen._waiting)
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,err",
+    [
+        (([], 4), {}, okv.InvalidArgumentError),
+        (([1, 2, 999], 4), {}, okv.InvalidArgumentError),
+        (([1, -1], 4), {}, okv.InvalidArgumentError),
+        ((["a"], 4), {}, okv.InvalidArgumentError),
+        (([1, 2], 0), {}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"temperature": -1.0}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"temperature": float("nan")}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"top_p": 0.0}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"top_p": 1.5}, okv.InvalidArgumentError),
+        (([1, 2], "4"), {}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"eos_token_id": "x"}, okv.InvalidArgumentError),
+        (([1, 2], 4), {"top_p": "a"}, okv.InvalidArgumentError),
+        (([1] * 60, 10), {}, okv.CapacityError),  # may write 69 tokens into 64 cells
+        ((torch.ones(2, 3, dtype=torch.long), 4), {}, okv.InvalidArgumentError),
+    ],
+)
+def test_bad_requests_are_refused_and_change_nothing(args, kwargs, err):
+    model = tiny()
+    gen = BatchGenerator(model, n_cells=64, max_batch_tokens=8)
+    gen.add(rand_tokens(5, 60), 3)
+    gen.step()
+    before = _snapshot(gen)
+    with pytest.raises(err):
+        gen.add(*args, **kwargs)
+    assert _snapshot(gen) == before
+    with pytest.raises(err):  # generate validates every prompt before queueing any
+        gen.generate([rand_tokens(3, 61), args[0]], args[1], **kwargs)
+    assert _snapshot(gen) == before
+
+
+def test_bad_constructor_arguments():
+    model = tiny()
+    with pytest.raises(okv.InvalidArgumentError):
+        BatchGenerator(model, n_cells=64, max_batch_tokens=0)
+    with pytest.raises(okv.CacheError):
+        BatchGenerator(model, n_cells=0)
+    torch.manual_seed(0)
+    g2 = Gemma2ForCausalLM(Gemma2Config(sliding_window=8, **TINY)).eval()
+    with pytest.raises(NotImplementedError, match="softcap"):
+        BatchGenerator(g2, n_cells=64)
+
+
+def test_a_failed_forward_leaves_the_cache_as_before(monkeypatch):
+    model = tiny()
+    gen = BatchGenerator(model, n_cells=128, max_batch_tokens=8)
+    p = rand_tokens(6, 70)
+    rid = gen.add(p, 5)
+    gen.step()
+    held = gen.kc.seq_len(gen._running[0].seq)
+    calls = []
+
+    def boom(*a, **k):
+        calls.append(1)
+        raise RuntimeError("forward failed")
+
+    monkeypatch.setattr(gen, "_forward", boom)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        gen.step()
+    assert calls and gen.kc.seq_len(gen._running[0].seq) == held
+    monkeypatch.undo()
+    assert gen.run()[rid] == reference(model, p, 5)[0]
+
+
+def test_the_model_keeps_its_attention_implementation():
+    model = tiny()
+    model.set_attn_implementation("sdpa")
+    gen = BatchGenerator(model, n_cells=64)
+    gen.generate([rand_tokens(4, 80)], 3)
+    assert model.config._attn_implementation == "sdpa"
+
+
+# -- Gemma 3 270M: greedy equality with generate --------------------------------------------
+
+
+def real_tokens(n: int, seed: int) -> list[int]:
+    return rand_tokens(n, seed, lo=100, hi=20000)
+
+
+PREFIX = real_tokens(48, 100)
+SHARED = [PREFIX + real_tokens(k, 101 + k) for k in (4, 6, 8)]
+
+
+def test_gemma3_requests_sharing_a_prefix(gemma3_270m):
+    model = gemma3_270m
+    gen = BatchGenerator(model, n_cells=1024, max_batch_tokens=128)
+    got = gen.generate(SHARED, 6)
+    for p, g in zip(SHARED, got):
+        assert_greedy_matches(reference(model, p, 6), g)
+    st = gen.stats
+    assert st["forks"] == 2 and st["prefix_tokens_reused"] == 2 * len(PREFIX)
+    assert st["cells_used"] < st["cells_unshared"]
+
+
+def test_gemma3_requests_joining_while_others_decode(gemma3_270m):
+    model = gemma3_270m
+    x = real_tokens(20, 110)
+    gen = BatchGenerator(model, n_cells=1024, max_batch_tokens=128)
+    rx = gen.add(x, 10)
+    produced = 0
+    while produced < 3:
+        produced += len(gen.step())
+    rids = [gen.add(p, 6) for p in SHARED[:2]]
+    while gen.has_work:
+        out = dict(gen.step())
+        if gen._finished.get(rx) is None:
+            assert rx in out  # the running request kept its token every step
+    done = gen.run()
+    assert_greedy_matches(reference(model, x, 10), done[rx])
+    for r, p in zip(rids, SHARED[:2]):
+        assert_greedy_matches(reference(model, p, 6), done[r])
+
+
+def test_gemma3_long_prompt_past_the_window_with_short_ones(gemma3_270m):
+    """A 600-token prompt (sliding window 512; with 64-token steps the ring table keeps 575
+    positions per sequence, so it drops old ones) prefilled over ten steps while two short
+    prompts get their tokens; then a prompt sharing 590 of its tokens forks it."""
+    model = gemma3_270m
+    long_p = real_tokens(600, 120)
+    shorts = [real_tokens(10, 121), real_tokens(12, 122)]
+    gen = BatchGenerator(model, n_cells=2048, max_batch_tokens=64)
+    rl = gen.add(long_p, 4)
+    rs = [gen.add(p, 6) for p in shorts]
+    first: dict[int, int] = {}
+    step = 0
+    while gen.has_work:
+        for rid, _ in gen.step():
+            first.setdefault(rid, step)
+        step += 1
+    assert max(first[r] for r in rs) < first[rl]
+    done = gen.run()
+    assert_greedy_matches(reference(model, long_p, 4), done[rl])
+    for r, p in zip(rs, shorts):
+        assert_greedy_matches(reference(model, p, 6), done[r])
+    fork_p = long_p[:590] + real_tokens(5, 123)
+    got = gen.generate([fork_p], 4)[0]
+    assert gen.stats["prefix_tokens_reused"] == 590
+    assert_greedy_matches(reference(model, fork_p, 4), got)
+
+
+def test_gemma3_eos_ends_a_request_early_and_frees_its_cells(gemma3_270m):
+    model = gemma3_270m
+    p = SHARED[0]
+    ref = reference(model, p, 6)[0]
+    eos = ref[2]
+    k = ref.index(eos)
+    gen = BatchGenerator(model, n_cells=1024, max_batch_tokens=128, prefix_cache=False)
+    rid = gen.add(p, 6, eos_token_id=eos)
+    rid2 = gen.add(SHARED[1], 6)
+    done = gen.run()
+    assert done[rid] == ref[: k + 1] and done[rid][-1] == eos
+    assert_greedy_matches(reference(model, SHARED[1], 6), done[rid2])
+    assert gen.stats["cells_used"] == 0 and gen.kc.live_seqs == []
+
+
+def test_gemma3_full_generator_requests_wait_then_finish(gemma3_270m):
+    model = gemma3_270m
+    prompts = SHARED + [real_tokens(20, 110)]
+    # 130 cells: the first request (53 tokens to write) and a fork of it fit; the rest wait.
+    gen = BatchGenerator(model, n_cells=130, max_batch_tokens=128, prefix_cache=False)
+    news = [6, 6, 6, 10]
+    rids = [gen.add(p, n) for p, n in zip(prompts, news)]
+    waited = False
+    while gen.has_work:
+        gen.step()
+        waited |= gen.stats["waiting"] > 0 and gen.stats["running"] > 0
+        assert gen.stats["cells_used"] <= 130
+    assert waited
+    done = gen.run()
+    for r, p, n in zip(rids, prompts, news):
+        assert_greedy_matches(reference(model, p, n), done[r])
+
+
+def test_eos_may_be_a_list_of_ids():
+    model = tiny()
+    p = rand_tokens(9, 90)
+    ref = reference(model, p, 10)[0]
+    gen = BatchGenerator(model, n_cells=128)
+    got = gen.generate([p], 10, eos_token_id=[127, ref[4]])[0]
+    assert got == ref[: ref.index(ref[4]) + 1]
+
+
+def test_serve_demo_prints_throughput_reuse_and_cells(monkeypatch, capsys):
+    from offgraph_kv import cli, serve_demo
+
+    monkeypatch.setattr(serve_demo, "_load", lambda threads: (tiny(), None, "a tiny model"))
+    assert cli.main(["serve-demo", "--requests", "4", "--new", "5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "4 requests on a tiny model" in out
+    assert "new tokens/s (20 tokens)" in out
+    reuse = int(out.split("prefix reuse")[1].split()[0])
+    assert reuse >= 3 * 40  # three of the four requests fork the 48-token shared prompt
+    held, unshared = (int(x) for x in out.split("cells held (peak)")[1].split()[:3:2])
+    assert held < unshared
