@@ -57,7 +57,7 @@ use ids::unknown;
 use placement::Scratch;
 use ring::{cut_ranges, list_max_below, max_outside, ranges_max_below};
 use table::{Table, FREE};
-use visibility::Masks;
+use visibility::Views;
 
 /// Most sequences one cache may track at once.
 pub const MAX_SEQS: usize = 65536;
@@ -91,7 +91,7 @@ pub(crate) struct Seq {
 
 /// Many sequences in one pool of cells. See the module docs.
 ///
-/// `PartialEq` compares the observable state (scratch and memoized masks
+/// `PartialEq` compares the observable state (scratch and memoized visibility
 /// excluded): tests use it to check that a refused call changed nothing.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CellCache {
@@ -121,7 +121,8 @@ pub struct CellCache {
     step_pos: Vec<usize>,
     generation: u64,
     scratch: Scratch,
-    masks: Masks,
+    /// Per distinct policy: the open step's visibility, memoized.
+    views: Vec<Views>,
 }
 
 impl CellCache {
@@ -211,10 +212,7 @@ impl CellCache {
                 keep_from: vec![0; n_seq_max],
                 distinct: Vec::new(),
             },
-            masks: Masks {
-                built: vec![false; n_pol],
-                bufs: vec![Vec::new(); n_pol],
-            },
+            views: vec![Views::default(); n_pol],
         })
     }
 

@@ -135,7 +135,6 @@ impl CellCache {
             t.shrink_used_end();
             t.read_len = t.used_end();
         }
-        self.masks.built.fill(false);
         self.step_open = true;
         self.generation = self.generation.wrapping_add(1);
         Ok(())

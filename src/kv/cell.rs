@@ -7,18 +7,7 @@ use crate::cell::{CellCache, CellStepPlan, SeqId};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
 use crate::error::{CacheError, Result};
-use crate::runs::Run;
 use crate::spec::{AttendSpec, KeyLayout};
-
-/// Token visibility of one distinct policy for the open step, as CSR runs:
-/// token i sees `runs[offsets[i]..offsets[i + 1]]`.
-#[derive(Debug, Default, Clone)]
-struct Visibility {
-    /// The step generation these runs were built for (`None`: never built).
-    generation: Option<u64>,
-    offsets: Vec<usize>,
-    runs: Vec<Run>,
-}
 
 /// Many sequences' bookkeeping and bytes.
 ///
@@ -31,8 +20,6 @@ struct Visibility {
 pub struct KvCellCache {
     cells: CellCache,
     pools: LayerPools,
-    /// Per distinct policy of the cell cache.
-    vis: Vec<Visibility>,
 }
 
 impl KvCellCache {
@@ -41,8 +28,7 @@ impl KvCellCache {
         let cfg = cells.config();
         // Every layer's pool is indexed by the cells of its table: n_cells deep.
         let pools = LayerPools::new(cfg, |_, _| Ok(n_cells))?;
-        let vis = vec![Visibility::default(); cells.policies().len()];
-        Ok(KvCellCache { cells, pools, vis })
+        Ok(KvCellCache { cells, pools })
     }
 
     /// The bookkeeping, read-only.
@@ -64,8 +50,14 @@ impl KvCellCache {
         self.cells.generation()
     }
 
+    /// Admission and placement (see [`CellCache::begin_step`]); then what each
+    /// token sees is built once per distinct policy, for every layer's spec.
     pub fn begin_step(&mut self, seq_ids: &[SeqId], positions: &[usize]) -> Result<()> {
-        self.cells.begin_step(seq_ids, positions)
+        self.cells.begin_step(seq_ids, positions)?;
+        for layer in 0..self.cells.config().n_layers {
+            self.cells.build_runs(layer)?;
+        }
+        Ok(())
     }
 
     pub fn plan(&self, layer: usize) -> Result<CellStepPlan<'_>> {
@@ -127,62 +119,18 @@ impl KvCellCache {
             pool.write_rows_in(k_new, v_new, t, i, start, n)?;
             i = i.saturating_add(n);
         }
+        self.cells.build_runs(layer)?;
         self.spec(layer)
     }
 
-    /// Builds (once per distinct policy per step) the visibility runs of `layer`.
-    fn ensure_visibility(&mut self, layer: usize) -> Result<usize> {
-        let pi = self.cells.policy_index(layer)?;
-        let gen = self.cells.generation();
+    /// The open step's spec for `layer`: its pool and what each token sees
+    /// (built once per distinct policy per step, by `begin_step` or `update`).
+    /// `StepProtocol` when no step is open, or when the step was opened through
+    /// [`Self::cells_mut`] and `layer` was not updated yet.
+    pub fn spec(&self, layer: usize) -> Result<AttendSpec<'_>> {
         let plan = self.cells.plan(layer)?;
-        let vis = self
-            .vis
-            .get_mut(pi)
-            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} has no policy")))?;
-        if vis.generation != Some(gen) {
-            vis.offsets.clear();
-            vis.runs.clear();
-            vis.offsets.push(0);
-            for i in 0..plan.n_tokens() {
-                plan.visible_into(i, &mut vis.runs)?;
-                vis.offsets.push(vis.runs.len());
-            }
-            vis.generation = Some(gen);
-        }
-        Ok(pi)
-    }
-
-    /// The open step's spec for `layer` (`&mut` only to memoize visibility).
-    pub fn spec(&mut self, layer: usize) -> Result<AttendSpec<'_>> {
-        let pi = self.ensure_visibility(layer)?;
-        self.spec_ref(layer, pi)
-    }
-
-    /// Builds `layer`'s visibility for the open step (see [`Self::spec_prepared`]).
-    pub fn prepare_spec(&mut self, layer: usize) -> Result<()> {
-        self.ensure_visibility(layer).map(|_| ())
-    }
-
-    /// The spec through a shared borrow, once [`Self::prepare_spec`] (or
-    /// `update`) ran for this layer in the open step; `StepProtocol` otherwise.
-    pub fn spec_prepared(&self, layer: usize) -> Result<AttendSpec<'_>> {
-        let pi = self.cells.policy_index(layer)?;
-        let built = self.vis.get(pi).and_then(|v| v.generation);
-        if built != Some(self.cells.generation()) {
-            return Err(CacheError::StepProtocol(format!(
-                "spec: layer {layer}'s visibility is not built for the open step"
-            )));
-        }
-        self.spec_ref(layer, pi)
-    }
-
-    fn spec_ref(&self, layer: usize, pi: usize) -> Result<AttendSpec<'_>> {
-        let plan = self.cells.plan(layer)?;
+        let (offsets, runs) = self.cells.runs(layer)?;
         let pool = self.pool(layer)?;
-        let vis = self
-            .vis
-            .get(pi)
-            .ok_or_else(|| CacheError::InvalidArgument(format!("layer {layer} has no policy")))?;
         if plan.read_len() > pool.slots() {
             return Err(CacheError::StepProtocol(format!(
                 "spec: layer {layer} was not updated this step (read extent {} beyond its pool of {} rows)",
@@ -198,8 +146,8 @@ impl KvCellCache {
             slots: pool.slots(),
             positions: plan.positions(),
             keys: KeyLayout::Cells {
-                offsets: &vis.offsets,
-                runs: &vis.runs,
+                offsets,
+                runs,
                 read_len: plan.read_len(),
             },
         })

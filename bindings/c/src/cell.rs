@@ -782,7 +782,7 @@ pub unsafe extern "C" fn okv_kv_cell_cache_attend(
 ) -> okv_status {
     finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
         let what = "okv_kv_cell_cache_attend";
-        let mut c = unsafe { lock(cache, what) }?;
+        let c = unsafe { lock(cache, what) }?;
         let spec = c.spec(layer)?;
         let args = AttendArgs {
             q,

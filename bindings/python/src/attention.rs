@@ -132,7 +132,7 @@ pub fn attend<'py>(
         if kv.generation() != spec.generation {
             return Err(stale(&spec));
         }
-        let core = kv.spec_prepared(spec.layer).py_err()?;
+        let core = kv.spec(spec.layer).py_err()?;
         py.detach(|| attend_into(q_data, q_shape, &core, &opts, out_slice))
             .py_err()?;
     } else {

@@ -371,7 +371,6 @@ impl PyKvCellCache {
         let owner: Py<PyAny> = slf.clone().into_any().unbind();
         let mut this = rw(slf.as_super(), "spec")?;
         let cache = kv_cells_mut(&mut this)?;
-        cache.prepare_spec(layer).py_err()?;
         PyAttendSpec::from_cells(owner, cache, layer)
     }
 

@@ -135,7 +135,7 @@ impl PyAttendSpec {
     }
 
     pub fn from_cells(owner: Py<PyAny>, cache: &KvCellCache, layer: usize) -> PyResult<Self> {
-        let spec = cache.spec_prepared(layer).py_err()?;
+        let spec = cache.spec(layer).py_err()?;
         let plan = cache.plan(layer).py_err()?;
         let (k_buf, v_buf) = cache.pool(layer).py_err()?.buffers();
         Ok(PyAttendSpec {
