@@ -81,12 +81,15 @@ class CacheSession:
         return not self._open
 
     def close(self) -> None:
-        """Erase the key (idempotent)."""
+        """Erase the key if it still holds this session's cache (idempotent).
+
+        A cache someone else installed under the key after this session's entry
+        was erased is theirs: it stays.
+        """
         if self._open:
             self._open = False
-            self._cache = None
-            if contains(self._key):
-                erase(self._key)
+            cache, self._cache = self._cache, None
+            _native.erase_if_same(self._key, cache)
 
     def __enter__(self) -> CacheSession:
         return self
