@@ -70,6 +70,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, get_layer_types_and_kwargs
 
 from . import _native as _okv
+from ._errors import CacheError, InvalidArgumentError
 
 __all__ = [
     "ATTN_NAME",
@@ -124,11 +125,9 @@ class OffgraphLayer(CacheLayerMixin):
         self.n_heads = 0
         self.head_dim = 0
         self.dtype = torch.float32
+        # Torch views of the pools, refreshed by every write (the only time a pool can grow).
+        # What the pools hold is always asked of the cache (held_runs), never mirrored here.
         self._views: tuple[int, int, torch.Tensor, torch.Tensor] | None = None
-        # The rows of the last read: pool runs, and the positions [base, end) they hold.
-        self._runs: list[tuple[int, int]] = []
-        self._base = 0
-        self._end = 0
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -152,7 +151,6 @@ class OffgraphLayer(CacheLayerMixin):
         self.kv = _okv.KvSequenceCache(cfg)
         self.batch_size, self.n_heads, self.head_dim = int(batch), int(heads), int(head_dim)
         self._views = None
-        self._runs, self._base, self._end = [], 0, 0
         self.is_initialized = True
 
     # -- views ------------------------------------------------------------------------------------
@@ -166,30 +164,25 @@ class OffgraphLayer(CacheLayerMixin):
             self._views = (*key, _pool_tensor(k).view(shape), _pool_tensor(v).view(shape))
         return self._views[2], self._views[3]
 
-    def _rows(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of positions [lo, hi) from the last read runs: a view for one run, a cat for two."""
-        if lo < self._base or hi > self._end:
-            raise RuntimeError(
-                f"positions [{lo}, {hi}) are no longer held (the last read covers "
-                f"[{self._base}, {self._end}))"
-            )
+    def _gather(self, runs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of pool slot runs: a view for one run, a cat for two."""
+        if not runs:
+            empty = torch.empty(self.batch_size, self.n_heads, 0, self.head_dim)
+            return empty, empty
         assert self._views is not None
         kp, vp = self._views[2], self._views[3]
-        ks, vs = [], []
-        pos = self._base
-        for start, n in self._runs:
-            a, b = max(lo, pos), min(hi, pos + n)
-            if a < b:
-                s = start + (a - pos)
-                ks.append(kp[:, :, s : s + (b - a)])
-                vs.append(vp[:, :, s : s + (b - a)])
-            pos += n
-        if len(ks) == 1:
-            return ks[0], vs[0]
-        if not ks:
-            empty = kp[:, :, :0]
-            return empty, empty
+        if len(runs) == 1:
+            s, n = runs[0]
+            return kp[:, :, s : s + n], vp[:, :, s : s + n]
+        ks = [kp[:, :, s : s + n] for s, n in runs]
+        vs = [vp[:, :, s : s + n] for s, n in runs]
         return torch.cat(ks, dim=2), torch.cat(vs, dim=2)
+
+    def _rows(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of positions [lo, hi) as the cache holds them now (with or without an open step;
+        ``InvalidArgumentError`` if it no longer holds them). A one-run result is a view."""
+        assert self.kv is not None
+        return self._gather(self.kv.held_runs(0, lo, hi))
 
     def _out(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.dtype != torch.float32 and not self.defer_dtype:
@@ -207,9 +200,6 @@ class OffgraphLayer(CacheLayerMixin):
             self.kv.rewind(self.kv.length - t)
             raise
         self._pool(spec)
-        self._runs = [tuple(r) for r in spec.read]
-        self._base = spec.read_base_pos
-        self._end = self.kv.length
         return spec
 
     # -- the CacheLayerMixin face -----------------------------------------------------------------
@@ -230,16 +220,17 @@ class OffgraphLayer(CacheLayerMixin):
         v32 = value_states.detach().to(torch.float32)
         if t <= self.max_step:
             spec = self._write(k32, v32)
-            k, v = self._rows(self._base, self._end)
+            k, v = self._gather(spec.read)
             if self.dtype == torch.float32 or self.defer_dtype:
                 setattr(k, _SPEC_ATTR, (spec, self.batch_size))
             return self._out(k, v)
         # A ring step longer than max_step (a long prompt on a sliding layer): write it in chunks
-        # and return the prior window followed by all the new rows.
-        length = self.kv.length
-        lo = max(length - self.window + 1, 0) if self.window is not None else 0
-        hk, hv = self._rows(lo, length) if length > lo else (k32[:, :, :0], v32[:, :, :0])
-        hk, hv = hk.to(key_states.dtype), hv.to(value_states.dtype)  # a copy: the ring overwrites
+        # and return the prior window followed by all the new rows. The prior window is copied
+        # first: the chunks overwrite its slots (``.to`` alone returns the view for float32).
+        lo, length = self._visible()
+        hk, hv = self._rows(lo, length)
+        hk = hk.to(key_states.dtype, copy=True)
+        hv = hv.to(value_states.dtype, copy=True)
         for s in range(0, t, self.max_step):
             self._write(k32[:, :, s : s + self.max_step], v32[:, :, s : s + self.max_step])
         keys = torch.cat([hk, key_states.detach()], dim=2)
@@ -268,12 +259,12 @@ class OffgraphLayer(CacheLayerMixin):
     def reset(self) -> None:
         if self.kv is not None:
             self.kv.clear()
-        self._runs, self._base, self._end = [], 0, 0
 
     def activate_past_recording(self) -> None:
         """Always on: a ring keeps ``window + max_step - 1`` rows; crops within max_step work."""
 
-    def crop(self, tokens_to_remove: int) -> None:
+    def check_crop(self, tokens_to_remove: int) -> None:
+        """Raise what :meth:`crop` would raise, changing nothing."""
         if tokens_to_remove > 0:
             raise ValueError(
                 f"crop({tokens_to_remove}): pass a negative number of tokens to remove"
@@ -281,9 +272,18 @@ class OffgraphLayer(CacheLayerMixin):
         if tokens_to_remove == 0 or self.kv is None:
             return
         new_len = max(self.kv.length + tokens_to_remove, 0)
-        self.kv.rewind(new_len)
-        self._end = min(self._end, new_len)
-        self._base = min(self._base, self._end)
+        lowest = self.kv.min_rewind
+        if new_len < lowest:
+            raise InvalidArgumentError(
+                f"crop({tokens_to_remove}): length {new_len} is below {lowest}, the oldest "
+                f"length whose window keys this ring layer (window {self.window}) still holds"
+            )
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.check_crop(tokens_to_remove)
+        if tokens_to_remove == 0 or self.kv is None:
+            return
+        self.kv.rewind(max(self.kv.length + tokens_to_remove, 0))
 
     def _visible(self) -> tuple[int, int]:
         """Positions [lo, length) the next step may read."""
@@ -297,40 +297,50 @@ class OffgraphLayer(CacheLayerMixin):
         idx = beam_idx.to("cpu", torch.long)
         if idx.numel() == self.batch_size and torch.equal(idx, torch.arange(self.batch_size)):
             return
-        if idx.numel() != self.batch_size:
-            self._rebuild(idx)
-            return
-        lo, hi = self._visible()
+        self._regather(idx)
+
+    def _skip(self, n: int) -> None:
+        """Advance ``n`` positions without writing rows: positions no query will read."""
+        assert self.kv is not None
+        while n > 0:
+            step = min(self.max_step, n)
+            self.kv.begin_step(step)
+            n -= step
+
+    def _regather(self, idx: torch.Tensor) -> None:
+        """Row ``i`` of the batch becomes row ``idx[i]``, for every position the layer holds.
+
+        The held rows (all of them, not only the visible window: a later crop may expose the
+        rest) are gathered into copies, then rewritten at the same positions into the same pool
+        (a new one when the batch size changes). Positions below the held range and between the
+        length and the high-water mark are stepped over without writing, so the rebuilt cache
+        holds exactly what the old one did (same length, high-water mark and crop bound).
+        """
+        assert self.kv is not None
+        lo, hi = self.kv.held_range(0)
+        high = self.kv.high_water
         k, v = self._rows(lo, hi)
         k, v = k.index_select(0, idx), v.index_select(0, idx)  # copies: the rewrite reads them
-        self.kv.rewind(lo)
-        self._write(k, v)
-
-    def _rebuild(self, idx: torch.Tensor) -> None:
-        """A new pool for a new batch size: zero rows below the visible window, gathered above."""
-        lo, hi = self._visible()
-        k, v = self._rows(lo, hi)
-        k, v = k.index_select(0, idx), v.index_select(0, idx)
-        self._init(idx.numel(), self.n_heads, self.head_dim)
-        pos = 0
-        while pos < lo:  # ring layers only: positions stay absolute
-            n = min(self.max_step, lo - pos)
-            zeros = torch.zeros(self.batch_size, self.n_heads, n, self.head_dim)
-            self._write(zeros, zeros)
-            pos += n
+        if idx.numel() == self.batch_size:
+            self.kv.clear()
+        else:
+            self._init(idx.numel(), self.n_heads, self.head_dim)
+        self._skip(lo)
         for s in range(0, hi - lo, self.max_step):
             self._write(k[:, :, s : s + self.max_step], v[:, :, s : s + self.max_step])
+        self._skip(high - hi)
+        self.kv.rewind(hi)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.kv is not None and self.kv.length > 0:
-            self._rebuild(torch.arange(self.batch_size).repeat_interleave(repeats))
+            self._regather(torch.arange(self.batch_size).repeat_interleave(repeats))
         elif self.kv is not None:
             self._init(self.batch_size * repeats, self.n_heads, self.head_dim)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.kv is not None and self.kv.length > 0:
             idx = torch.arange(self.batch_size)[indices.to("cpu")]
-            self._rebuild(idx)
+            self._regather(idx)
 
 
 class OffgraphCache(Cache):
@@ -377,6 +387,18 @@ class OffgraphCache(Cache):
                 )
             )
         super().__init__(layers=layers)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last ``-tokens_to_remove`` tokens from every layer, or from none: every
+        layer is checked before any changes (``Cache.crop`` alone goes layer by layer, so a ring
+        layer refusing after a flat layer was cropped would leave them at different lengths)."""
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, OffgraphLayer):
+                try:
+                    layer.check_crop(tokens_to_remove)
+                except CacheError as e:
+                    raise type(e)(f"layer {i}: {e}") from None
+        super().crop(tokens_to_remove)
 
     def nbytes(self) -> int:
         """Bytes held by all pools."""

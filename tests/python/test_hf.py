@@ -374,3 +374,23 @@ def test_cache_shorter_than_the_sliding_window_matches_dynamic_cache():
     cache = OffgraphCache(model.config, max_cache_len=6)
     assert_same(ref, gen(model, ids, cache, n=3))
     assert cache.get_seq_length() == 6
+
+
+@pytest.mark.parametrize("op", ["reorder", "select"])
+def test_a_crop_after_a_batch_op_finds_every_held_row_reordered(op):
+    """A batch op reorders every row the ring holds, not only the visible window: a later crop
+    within max_step brings older rows back into the window."""
+    cache, hist = _filled("mistral", 2, 30, max_step=8)  # ring depth 15: holds [15, 30)
+    idx = torch.tensor([1, 0]) if op == "reorder" else torch.tensor([1])
+    if op == "reorder":
+        cache.reorder_cache(idx)
+    else:
+        cache.batch_select_indices(idx)
+    hist = hist[idx]
+    assert cache.layers[0].kv.held_range(0) == (15, 30)
+    cache.crop(-8)  # length 22: the next step's window is [15, 22)
+    new = torch.full((len(idx), 2, 1, 16), -7.0)
+    ko, vo = cache.update(new, -new, 0)
+    want = torch.cat([hist[:, :, 15:22], new], dim=2)
+    torch.testing.assert_close(ko, want, atol=0, rtol=0)
+    torch.testing.assert_close(vo, -want, atol=0, rtol=0)
