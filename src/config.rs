@@ -10,6 +10,11 @@ pub enum LayerPolicy {
     /// Keeps every position up to the cache's capacity.
     Flat,
     /// A sliding window: a query at position p sees keys in `[p - window + 1, p]`.
+    ///
+    /// A window at or above what the layer can ever hold (the cache's capacity)
+    /// makes the layer a full one: every held position is visible, and its pool
+    /// depth is bounded by the capacity, so it never wraps and never bounds a
+    /// rewind.
     Ring { window: usize },
 }
 
@@ -66,6 +71,7 @@ pub struct CacheConfig {
     /// Length 1 (every layer alike) or `n_layers`.
     pub layers: Vec<LayerConfig>,
     /// Slots a pool starts with; pools double from here up to their depth.
+    /// A value above a layer's depth is clamped to it (any value >= 1 is valid).
     pub initial_capacity: usize,
     /// Most tokens one step may carry.
     pub max_step: usize,
@@ -121,14 +127,10 @@ impl CacheConfig {
                 ),
             );
         }
-        if self.initial_capacity == 0 || self.initial_capacity > self.capacity {
-            return bad(
-                "initial_capacity",
-                format!(
-                    "must be in 1..=capacity ({}), got {}",
-                    self.capacity, self.initial_capacity
-                ),
-            );
+        // Above a layer's depth it is clamped (pools never exceed their depth), as
+        // the upstream design defaults it to 512 whatever the capacity.
+        if self.initial_capacity == 0 {
+            return bad("initial_capacity", "must be at least 1, got 0".to_string());
         }
         for (i, l) in self.layers.iter().enumerate() {
             if l.n_kv_heads == 0 || l.n_kv_heads > MAX_HEADS {
@@ -143,13 +145,13 @@ impl CacheConfig {
                     format!("must be in 1..={MAX_HEAD_DIM}, got {}", l.head_dim),
                 );
             }
-            if let LayerPolicy::Ring { window } = l.policy {
-                if window == 0 || window > self.capacity {
-                    return bad(
-                        &format!("layers[{i}].policy.window"),
-                        format!("must be in 1..=capacity ({}), got {window}", self.capacity),
-                    );
-                }
+            // A window at or above the capacity is valid: the layer then behaves as a
+            // full one (see `LayerPolicy::Ring`).
+            if l.policy == (LayerPolicy::Ring { window: 0 }) {
+                return bad(
+                    &format!("layers[{i}].policy.window"),
+                    "must be at least 1, got 0".to_string(),
+                );
             }
         }
         Ok(())

@@ -284,7 +284,7 @@ fn bad_ids_are_refused_on_every_verb() {
     let reuse = c.seq_new().unwrap();
     assert_ne!(reuse, freed);
     c.begin_step(&[a], &[1]).unwrap();
-    for bad in [freed, 3, 7, 1000, u32::MAX] {
+    for bad in [freed, 3, 7, 1000, u64::MAX] {
         assert!(!c.is_live(bad), "{bad}");
         refused(&mut c, "UnknownSequence", |c| c.seq_clone(bad, None));
         refused(&mut c, "UnknownSequence", |c| c.seq_clone(bad, Some(1)));
@@ -635,4 +635,26 @@ fn constructor_validates_its_arguments() {
         (4, 2, 4, 1)
     );
     assert_eq!(c.ring_keep(), None);
+}
+
+#[test]
+fn ids_never_repeat_across_many_new_free_cycles() {
+    // The old 32-bit scheme wrapped a slot's generation after 2^32 / n_seq_max
+    // ids: with n_seq_max = 65536, the 65,537th new/free cycle got id 0 back.
+    let mut c = cache(&[LayerPolicy::Flat], 1, 8, 65_536);
+    let first = c.seq_new().unwrap();
+    c.seq_free(first).unwrap();
+    let mut seen = std::collections::HashSet::from([first]);
+    for _ in 0..70_000 {
+        let s = c.seq_new().unwrap();
+        assert!(seen.insert(s), "id {s} was handed out twice");
+        c.seq_free(s).unwrap();
+    }
+    // A stale id from the first cycle still addresses nothing.
+    assert_eq!(kind(c.seq_len(first)), "UnknownSequence");
+    // clear() retires every id too: none comes back.
+    let live = c.seq_new().unwrap();
+    c.clear();
+    assert!(!seen.contains(&c.seq_new().unwrap()));
+    assert_eq!(kind(c.seq_len(live)), "UnknownSequence");
 }

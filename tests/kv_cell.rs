@@ -19,7 +19,7 @@ const DIM: usize = 2;
 type Row = [f32; HEADS * DIM];
 
 /// Per sequence: position -> per-layer row (k; v is derived as 3k - 1).
-type Model = BTreeMap<u32, BTreeMap<usize, Vec<Row>>>;
+type Model = BTreeMap<u64, BTreeMap<usize, Vec<Row>>>;
 
 fn run(seed: u64, policies: &[LayerPolicy], n_cells: usize, ops: usize) -> (usize, usize) {
     let mut rng = Rng::new(seed);
@@ -35,7 +35,7 @@ fn run(seed: u64, policies: &[LayerPolicy], n_cells: usize, ops: usize) -> (usiz
     let (mut steps, mut doublings) = (0, 0);
     let mut last_slots = vec![1usize; policies.len()];
     for _ in 0..ops {
-        let live: Vec<u32> = model.keys().copied().collect();
+        let live: Vec<u64> = model.keys().copied().collect();
         match rng.range(0, 9) {
             0 if live.len() < 8 => {
                 let s = c.cells_mut().seq_new().unwrap();

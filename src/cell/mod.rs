@@ -82,13 +82,14 @@
 //!
 //! # Ids
 //!
-//! An id is `generation * n_seq_max + slot`; freeing a slot bumps its
-//! generation, so a stale id is refused rather than aliasing a new sequence.
-//! The first `n_seq_max` ids handed out after construction are `0, 1, 2, ...`.
+//! 64-bit ids that never repeat in a cache's lifetime (see [`ids`]). The first
+//! `n_seq_max` ids handed out after construction are `0, 1, 2, ...`.
 
+mod ids;
 mod plan;
 mod table;
 
+pub use ids::{SeqId, MAX_SEQ_ID};
 pub use plan::CellStepPlan;
 
 use std::collections::VecDeque;
@@ -97,9 +98,6 @@ use std::fmt;
 use crate::config::{CacheConfig, LayerPolicy, MAX_CAPACITY};
 use crate::error::{CacheError, Result};
 use table::{Table, FREE};
-
-/// A sequence id, handed out by [`CellCache::seq_new`] / [`CellCache::seq_clone`].
-pub type SeqId = u32;
 
 /// Most sequences one cache may track at once.
 pub const MAX_SEQS: usize = 65536;
@@ -119,8 +117,10 @@ pub(crate) struct Entry {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Seq {
     /// Generation of the id this slot hands out (or handed out last).
-    gen: u32,
+    gen: u64,
     live: bool,
+    /// Its generation cannot advance within 64-bit ids: never handed out again.
+    exhausted: bool,
     /// Per table, the cells the sequence owns, sorted by position.
     pub(crate) lists: [VecDeque<Entry>; 2],
     /// Held positions the ring table dropped, as sorted disjoint `[start, end)`
@@ -311,14 +311,9 @@ impl CellCache {
         } else {
             None
         };
-        let ring_keep = ring_window
-            .checked_add(cfg.max_step.saturating_sub(1))
-            .ok_or_else(|| {
-                CacheError::InvalidConfig(format!(
-                    "ring window {ring_window} + max_step {} overflows",
-                    cfg.max_step
-                ))
-            })?;
+        // Saturating: a window at or above what a sequence can hold keeps every
+        // position, which is what a full layer does.
+        let ring_keep = ring_window.saturating_add(cfg.max_step.saturating_sub(1));
         let policy_table = policies
             .iter()
             .map(|p| match p {
@@ -464,24 +459,17 @@ impl CellCache {
     }
 
     fn id_of(&self, slot: usize) -> SeqId {
-        let gen = self.seqs.get(slot).map_or(0, |s| u64::from(s.gen));
-        let id = gen
-            .checked_mul(self.n_seq_max as u64)
-            .and_then(|x| x.checked_add(slot as u64))
-            .unwrap_or(u64::MAX);
-        SeqId::try_from(id).unwrap_or(SeqId::MAX)
+        // A live slot's generation always composes (`retire_slot` keeps it so).
+        let gen = self.seqs.get(slot).map_or(0, |s| s.gen);
+        ids::compose(gen, slot, self.n_seq_max).unwrap_or(SeqId::MAX)
     }
 
     fn slot_of(&self, id: SeqId, verb: &str) -> Result<usize> {
-        // n_seq_max >= 1 (validated by `new`); a zero divisor is refused, not a panic.
-        let (Some(slot), Some(gen)) = (
-            (id as usize).checked_rem(self.n_seq_max),
-            (id as usize).checked_div(self.n_seq_max),
-        ) else {
+        let Some((slot, gen)) = ids::split(id, self.n_seq_max) else {
             return Err(unknown(verb, id));
         };
         match self.seqs.get(slot) {
-            Some(s) if s.live && s.gen as usize == gen => Ok(slot),
+            Some(s) if s.live && s.gen == gen => Ok(slot),
             _ => Err(unknown(verb, id)),
         }
     }
@@ -620,21 +608,21 @@ impl CellCache {
 
     /// Retires `slot`: its id will be refused from now on.
     fn retire_slot(&mut self, slot: usize) {
-        let n = self.n_seq_max as u64;
+        let n_seq_max = self.n_seq_max;
         if let Some(s) = self.seqs.get_mut(slot) {
             if !s.live {
                 return;
             }
             s.live = false;
-            let next = u64::from(s.gen).saturating_add(1);
-            let next_id = next.checked_mul(n).and_then(|x| x.checked_add(slot as u64));
-            s.gen = match (next_id, u32::try_from(next)) {
-                (Some(id), Ok(g)) if id <= u64::from(u32::MAX) => g,
-                _ => 0,
-            };
             self.n_live = self.n_live.saturating_sub(1);
-            if let Ok(v) = u32::try_from(slot) {
-                self.free_slots.push(v);
+            match ids::next_gen(s.gen, slot, n_seq_max) {
+                Some(g) => {
+                    s.gen = g;
+                    if let Ok(v) = u32::try_from(slot) {
+                        self.free_slots.push(v);
+                    }
+                }
+                None => s.exhausted = true,
             }
         }
     }
@@ -790,11 +778,13 @@ impl CellCache {
             self.retire_slot(slot);
         }
         self.free_slots.clear();
-        self.free_slots.extend(
-            (0..self.seqs.len())
-                .rev()
-                .filter_map(|s| u32::try_from(s).ok()),
-        );
+        let reusable = |s: &usize| self.seqs.get(*s).is_some_and(|q| !q.exhausted);
+        let free: Vec<u32> = (0..self.seqs.len())
+            .rev()
+            .filter(reusable)
+            .filter_map(|s| u32::try_from(s).ok())
+            .collect();
+        self.free_slots = free;
         self.close_step();
     }
 

@@ -265,7 +265,6 @@ def _cfg_rows():
         "max_step > capacity": lambda: okv.CacheConfig(4, 1, L, max_step=5),
         "initial_capacity 0": lambda: okv.CacheConfig(4, 1, L, initial_capacity=0),
         "layers 2 for n_layers 3": lambda: okv.CacheConfig(4, 3, [L, L]),
-        "window > capacity": lambda: okv.CacheConfig(4, 1, okv.LayerConfig(okv.Ring(5), 1, 1)),
         "heads 0": lambda: okv.CacheConfig(4, 1, okv.LayerConfig(okv.Flat(), 0, 1)),
         "huge": lambda: okv.CacheConfig(2**63 - 1, 1, L, max_step=2**63 - 1),
     }
@@ -288,6 +287,21 @@ def _cfg_rows():
                 E.ConfigError,
             )
     row("CacheConfig.validate", "valid", w, lambda _: config().validate(), OK)
+    # Edges the upstream design accepts: a full layer, and a clamped initial capacity.
+    row(
+        "CacheConfig.validate",
+        "window > capacity is a full layer",
+        w,
+        lambda _: okv.CacheConfig(4, 1, okv.LayerConfig(okv.Ring(5), 1, 1)).validate(),
+        OK,
+    )
+    row(
+        "CacheConfig.validate",
+        "initial_capacity > capacity is clamped",
+        w,
+        lambda _: okv.CacheConfig(4, 1, L, initial_capacity=512).validate(),
+        OK,
+    )
     for case, v, exc in BAD_INDEX_NONE + [("layer 2 of 2", 2, E.InvalidArgumentError)]:
         row("CacheConfig.depth", case, w, lambda _, v=v: config().depth(v), exc)
     row(

@@ -153,3 +153,24 @@ def test_rows_may_be_a_view_of_the_pool_they_are_written_into():
     spec = kv.update(0, k_in, v_in)  # writes slots 4..6 from slots 2..4
     np.testing.assert_array_equal(spec.k[:, 4:7], want_k)
     np.testing.assert_array_equal(spec.v[:, 4:7], want_v)
+
+
+def test_ring_window_above_capacity_is_a_full_layer_and_initial_capacity_clamps():
+    # The upstream suite's edge: Ring(64) in a 32-token cache, initial_capacity 512.
+    ring = okv.LayerConfig(okv.Ring(window=64), 2, 8)
+    flat = okv.LayerConfig(okv.Flat(), 2, 8)
+    kr = okv.KvSequenceCache(okv.CacheConfig(32, 1, [ring], initial_capacity=512, max_step=4))
+    kf = okv.KvSequenceCache(okv.CacheConfig(32, 1, [flat], initial_capacity=512, max_step=4))
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        k = rng.standard_normal((2, 4, 8), dtype=np.float32)
+        v = rng.standard_normal((2, 4, 8), dtype=np.float32)
+        q = rng.standard_normal((4, 4, 8), dtype=np.float32)
+        kr.begin_step(4)
+        kf.begin_step(4)
+        sr, sf = kr.update(0, k, v), kf.update(0, k, v)
+        assert sr.k.shape[1] == 32  # clamped to the depth, which the capacity bounds
+        assert sr.read_base_pos == 0 and sr.mask_kind != "window"
+        np.testing.assert_array_equal(okv.attend(q, sr), okv.attend(q, sf))
+    kr.rewind(0)  # a ring that never wraps never bounds a rewind
+    assert kr.length == 0

@@ -34,7 +34,7 @@ impl CellInner {
     }
 }
 
-/// A sequence id from Python: ints beyond u32 cannot be ours.
+/// A sequence id from Python: ints beyond `SeqId` cannot be ours.
 fn seq_id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SeqId> {
     let v = index(obj, what)?;
     SeqId::try_from(v).map_err(|_| {
