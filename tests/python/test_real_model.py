@@ -117,11 +117,11 @@ def reference(key, fn):
 
 
 def _two_turns(model, tok, make_cache):
-    """A 1,100-token prompt (> 2 windows of 512), 8 new tokens; then a 600-token message (more
-    than max_step = 512 in one forward, with the ring pools at full depth) and 8 more."""
+    """A 1,040-token prompt (> 2 windows of 512) and 8 new tokens; then a 620-token message
+    (more than max_step in one forward, with the ring pools at full depth) and 8 more."""
     cache = make_cache()
-    first = generate(model, text_ids(tok, 1100), cache, 8)
-    turn = text_ids(tok, 600, start=1, bos=False)
+    first = generate(model, text_ids(tok, 1040), cache, 8)
+    turn = text_ids(tok, 620, start=1, bos=False)
     second = generate(model, torch.cat([first.sequences, turn], dim=1), cache, 8)
     return first, second, cache
 
@@ -134,9 +134,12 @@ def test_gemma_long_prompt_then_a_turn_longer_than_max_step(gemma3_270m, attn):
         lambda: _two_turns(use(model, "sdpa"), tok, lambda: DynamicCache(config=model.config)),
     )
     use(model, attn)
-    got1, got2, cache = _two_turns(model, tok, lambda: OffgraphCache(model.config))
-    assert cache.layers[0].window == 512 and cache.layers[0].max_step == 512
-    assert cache.get_seq_length() == 1100 + 8 + 600 + 8 - 1
+    # max_step 600: ring depth 512 + 600 - 1 = 1111, so after the first turn (1,047 tokens) the
+    # prior window [536, 1047) is one run of slots, which the second turn's chunks (600 + 21)
+    # overwrite in part: what must be copied out before they are written.
+    got1, got2, cache = _two_turns(model, tok, lambda: OffgraphCache(model.config, max_step=600))
+    assert cache.layers[0].window == 512 and cache.layers[0].max_step == 600
+    assert cache.get_seq_length() == 1040 + 8 + 620 + 8 - 1
     assert_same(ref1, got1)
     assert_same(ref2, got2)
 
