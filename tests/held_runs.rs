@@ -39,8 +39,9 @@ fn check_held(cache: &KvSequenceCache, hist: &[Vec<Vec<f32>>]) {
         } else {
             // The next step's earliest query needs the window - 1 positions below it.
             assert!(held.start <= cache.length().saturating_sub(7), "{held:?}");
-            // A ring holds at most its depth.
-            assert!(held.len() <= 8 + MAX_STEP - 1, "{held:?}");
+            // A ring holds at most its depth, window + max_step - 1.
+            let depth = 8 + MAX_STEP - 1;
+            assert!(held.len() <= depth, "{held:?}");
         }
         let runs = cache.held_runs(layer, held.start, held.end).unwrap();
         assert_eq!(runs.total(), held.len());
@@ -173,4 +174,22 @@ fn ranges_not_held_are_refused_and_change_nothing() {
     cache.clear();
     assert_eq!(cache.held_range(0).unwrap(), 0..0);
     assert!(cache.held_runs(0, 0, 1).is_err());
+}
+
+#[test]
+fn a_ring_window_above_the_capacity_holds_every_position() {
+    let ring = LayerConfig::new(LayerPolicy::Ring { window: 64 }, HEADS, DIM);
+    let mut c = CacheConfig::new(16, 1, vec![ring]);
+    c.max_step = 4;
+    let mut cache = KvSequenceCache::new(c).unwrap();
+    for _ in 0..4 {
+        cache.begin_step(4).unwrap();
+        cache.update(0, &[1.0; 16], &[1.0; 16]).unwrap();
+    }
+    assert_eq!(cache.held_range(0).unwrap(), 0..16);
+    let runs = cache.held_runs(0, 0, 16).unwrap();
+    assert_eq!(runs.as_slice().len(), 1);
+    assert_eq!((runs.as_slice()[0].start, runs.as_slice()[0].len), (0, 16));
+    cache.rewind(3).unwrap(); // a full layer rewinds anywhere
+    assert_eq!(cache.held_range(0).unwrap(), 0..3);
 }
