@@ -27,6 +27,12 @@ def erase(key: str) -> None:
     _native.erase(key)
 
 
+def erase_if_same(key: str, cache: Any) -> bool:
+    """Remove ``key`` only if it holds ``cache`` itself (identity), in one step under the
+    registry's lock; returns whether it did. ``CacheSession`` erases its own entry this way."""
+    return _native.erase_if_same(key, cache)
+
+
 def contains(key: str) -> bool:
     return _native.contains(key)
 
@@ -89,7 +95,7 @@ class CacheSession:
         if self._open:
             self._open = False
             cache, self._cache = self._cache, None
-            _native.erase_if_same(self._key, cache)
+            erase_if_same(self._key, cache)
 
     def __enter__(self) -> CacheSession:
         return self
