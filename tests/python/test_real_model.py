@@ -164,10 +164,10 @@ def test_gemma_prompt_lookup_decoding_crops_and_matches_greedy(gemma3_270m, monk
 
 def test_gemma_beam_search(gemma3_270m):
     model, tok = use(gemma3_270m[0], "sdpa"), gemma3_270m[1]
-    ids = text_ids(tok, 60, start=2)
+    ids = text_ids(tok, 40, start=2)
     kw = dict(num_beams=3, num_return_sequences=3, output_scores=True)
-    ref = generate(model, ids, DynamicCache(config=model.config), 8, **kw)
-    got = generate(model, ids, OffgraphCache(model.config), 8, **kw)
+    ref = generate(model, ids, DynamicCache(config=model.config), 6, **kw)
+    got = generate(model, ids, OffgraphCache(model.config), 6, **kw)
     assert torch.equal(ref.sequences, got.sequences)
     torch.testing.assert_close(ref.sequences_scores, got.sequences_scores, atol=1e-3, rtol=0)
 
@@ -175,17 +175,17 @@ def test_gemma_beam_search(gemma3_270m):
 @pytest.mark.parametrize("attn", ["eager", "sdpa", ATTN_NAME])
 def test_gemma_cache_shorter_than_the_window(gemma3_270m, attn):
     """max_cache_len 256 under a window of 512: every layer holds every position (a full
-    layer); a 200-token prompt and 16 new tokens fit."""
+    layer); a 160-token prompt and 12 new tokens fit."""
     model, tok = gemma3_270m
-    ids = text_ids(tok, 200)
+    ids = text_ids(tok, 160)
     ref = reference(
-        "short", lambda: generate(use(model, "sdpa"), ids, DynamicCache(config=model.config), 16)
+        "short", lambda: generate(use(model, "sdpa"), ids, DynamicCache(config=model.config), 12)
     )
     use(model, attn)
     cache = OffgraphCache(model.config, max_cache_len=256)
     assert cache.layers[0].window == 512 and cache.layers[0].capacity == 256
-    assert_same(ref, generate(model, ids, cache, 16))
-    assert cache.get_seq_length() == 200 + 16 - 1
+    assert_same(ref, generate(model, ids, cache, 12))
+    assert cache.get_seq_length() == 160 + 12 - 1
 
 
 def _batch_of_two(tok, a: int, b: int):
@@ -219,8 +219,8 @@ def test_gemma_left_padded_batch_of_two(gemma3_270m, attn):
 
 def _smol_turns(model, tok, make_cache):
     cache = make_cache()
-    first = generate(model, text_ids(tok, 150), cache, 12)
-    turn = text_ids(tok, 40, start=2, bos=False)
+    first = generate(model, text_ids(tok, 100), cache, 8)
+    turn = text_ids(tok, 30, start=2, bos=False)
     second = generate(model, torch.cat([first.sequences, turn], dim=1), cache, 8)
     return first, second
 
