@@ -17,7 +17,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
-use offgraph_kv::{AttendSpec, KeyLayout, MaskKind, Run, Runs};
+use offgraph_kv::{AttendSpec, KeyLayout, KvRows, MaskKind, Run, Runs};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -129,8 +129,8 @@ fn decode(c: &mut Criterion) {
             let q = data(N_Q * HD, 3);
             let positions = [ctx - 1];
             let spec = AttendSpec {
-                k: &k,
-                v: &v,
+                k: KvRows::from_f32(&k),
+                v: KvRows::from_f32(&v),
                 n_kv_heads: N_KV,
                 head_dim: HD,
                 slots,
@@ -185,8 +185,8 @@ fn prefill(c: &mut Criterion) {
     let q = data(N_Q * t * HD, 6);
     let positions: Vec<usize> = (ctx - t..ctx).collect();
     let spec = AttendSpec {
-        k: &k,
-        v: &v,
+        k: KvRows::from_f32(&k),
+        v: KvRows::from_f32(&v),
         n_kv_heads: N_KV,
         head_dim: HD,
         slots: ctx,

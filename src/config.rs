@@ -1,5 +1,6 @@
 //! Cache configuration: per-layer policies and the sizes every part derives from.
 
+use crate::dtype::KvDtype;
 use crate::error::{CacheError, Result};
 
 /// How a layer keeps its history.
@@ -75,6 +76,10 @@ pub struct CacheConfig {
     pub initial_capacity: usize,
     /// Most tokens one step may carry.
     pub max_step: usize,
+    /// Storage type of every K pool (see [`KvDtype`]).
+    pub k_dtype: KvDtype,
+    /// Storage type of every V pool.
+    pub v_dtype: KvDtype,
 }
 
 fn bad(field: &str, msg: String) -> Result<()> {
@@ -91,6 +96,22 @@ impl CacheConfig {
             layers,
             initial_capacity: capacity.clamp(1, 16),
             max_step: 1,
+            k_dtype: KvDtype::Float32,
+            v_dtype: KvDtype::Float32,
+        }
+    }
+
+    /// The same config with K and V pools stored as `dtype`.
+    pub fn with_dtype(self, dtype: KvDtype) -> Self {
+        self.with_dtypes(dtype, dtype)
+    }
+
+    /// The same config with K pools stored as `k` and V pools as `v`.
+    pub fn with_dtypes(self, k: KvDtype, v: KvDtype) -> Self {
+        CacheConfig {
+            k_dtype: k,
+            v_dtype: v,
+            ..self
         }
     }
 
@@ -154,6 +175,13 @@ impl CacheConfig {
                 );
             }
         }
+        for (i, l) in self.layers.iter().enumerate() {
+            for (what, d) in [("k_dtype", self.k_dtype), ("v_dtype", self.v_dtype)] {
+                d.check_head_dim(l.head_dim).map_err(|e| {
+                    CacheError::InvalidConfig(format!("{what} of layers[{i}]: {}", e.message()))
+                })?;
+            }
+        }
         Ok(())
     }
 
@@ -199,10 +227,9 @@ impl CacheConfig {
     pub fn depth(&self, policy: LayerPolicy) -> usize {
         match policy {
             LayerPolicy::Flat => self.capacity,
-            LayerPolicy::Ring { window } => window
-                .saturating_add(self.max_step)
-                .saturating_sub(1)
-                .min(self.capacity),
+            LayerPolicy::Ring { window } => {
+                crate::window::ring_keep(window, self.max_step).min(self.capacity)
+            }
         }
     }
 }

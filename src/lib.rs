@@ -1,7 +1,7 @@
 //! offgraph-kv: an off-graph KV cache for LLM inference.
 //!
 //! Layers, each a module, arrows pointing down only:
-//! attention → byte layer (`kv`) → neutral layer (`config`, `sequence`, `cell`, `registry`).
+//! attention → byte layer (`kv`) → neutral layer (`config`, `window`, `sequence`, `cell`, `registry`).
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,16 +13,19 @@
 pub mod attention;
 pub mod cell;
 pub mod config;
+pub mod dtype;
 pub mod error;
 pub mod kv;
 pub mod registry;
 pub mod runs;
 pub mod sequence;
 pub mod spec;
+pub mod window;
 
 pub use attention::{attend, attend_into, AttendOptions, Backend};
 pub use cell::{CellCache, CellStepPlan, SeqId};
 pub use config::{CacheConfig, LayerConfig, LayerPolicy};
+pub use dtype::{KvDtype, KvRows, RowsIn};
 pub use error::{CacheError, Result};
 pub use kv::{KvCellCache, KvSequenceCache};
 pub use runs::{MaskKind, Run, Runs};

@@ -4,6 +4,7 @@
 //! forbids another step (or growth, clear, rewind) on that cache: a spec can
 //! never point at memory that moved.
 
+use crate::dtype::KvRows;
 use crate::runs::{MaskKind, Run, Runs};
 
 /// Which keys each query of the step sees.
@@ -30,13 +31,14 @@ pub enum KeyLayout<'a> {
 
 /// K/V pools of one layer plus what one step may read of them.
 ///
-/// `k` and `v` are the whole pools, `[n_kv_heads, slots, head_dim]` row-major
-/// (head h's row s starts at `(h * slots + s) * head_dim`). Only rows named by
+/// `k` and `v` are the whole pools as stored, `[n_kv_heads, slots, row]`
+/// row-major in their dtypes (head h's row s starts at byte
+/// `(h * slots + s) * dtype.row_bytes(head_dim)`); K and V may differ in dtype. Only rows named by
 /// `keys` hold live data; the rest may be anything (even NaN) and are never read.
 #[derive(Debug, Clone, Copy)]
 pub struct AttendSpec<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     /// Row stride of the pools, in rows.

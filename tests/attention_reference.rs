@@ -9,7 +9,7 @@
 )]
 
 use offgraph_kv::attention::{attend, AttendOptions, Backend, NativeIsa};
-use offgraph_kv::{AttendSpec, KeyLayout, MaskKind, Run, Runs};
+use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
 
 /// splitmix64: a seeded PRNG without dependencies.
 struct Rng(u64);
@@ -79,6 +79,40 @@ fn visible_rows(spec: &AttendSpec<'_>, i: usize) -> Vec<usize> {
     }
 }
 
+/// Row `r` of a pool as f32, decoded from the formats' definitions (not the crate's decoder).
+fn widen_row(pool: KvRows<'_>, r: usize, hd: usize) -> Vec<f32> {
+    let rb = pool.dtype.row_bytes(hd);
+    let b = &pool.bytes[r * rb..][..rb];
+    let half = |lo: u8, hi: u8| {
+        let h = u16::from_le_bytes([lo, hi]);
+        let (sign, e, m) = ((h >> 15) as i32, ((h >> 10) & 31) as i32, (h & 1023) as f64);
+        let mag = if e == 0 {
+            m * 2f64.powi(-24)
+        } else {
+            (1.0 + m / 1024.0) * 2f64.powi(e - 15)
+        };
+        (if sign == 1 { -mag } else { mag }) as f32
+    };
+    match pool.dtype {
+        KvDtype::Float32 => b
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        KvDtype::Float16 => b.chunks(2).map(|c| half(c[0], c[1])).collect(),
+        KvDtype::Bfloat16 => b
+            .chunks(2)
+            .map(|c| f32::from_bits(((c[1] as u32) << 24) | ((c[0] as u32) << 16)))
+            .collect(),
+        KvDtype::Q8_0 => b
+            .chunks(34)
+            .flat_map(|blk| {
+                let d = half(blk[0], blk[1]);
+                blk[2..].iter().map(move |&q| d * (q as i8) as f32)
+            })
+            .collect(),
+    }
+}
+
 fn reference(q: &[f32], shape: [usize; 3], spec: &AttendSpec<'_>, scale: f64) -> Vec<f64> {
     let [nq, t, hd] = shape;
     let g = nq / spec.n_kv_heads;
@@ -88,7 +122,7 @@ fn reference(q: &[f32], shape: [usize; 3], spec: &AttendSpec<'_>, scale: f64) ->
         for h in 0..nq {
             let kvh = h / g;
             let qr = &q[(h * t + i) * hd..][..hd];
-            let row = |pool: &[f32], s: usize| pool[(kvh * spec.slots + s) * hd..][..hd].to_vec();
+            let row = |pool: KvRows<'_>, s: usize| widen_row(pool, kvh * spec.slots + s, hd);
             let scores: Vec<f64> = rows
                 .iter()
                 .map(|&s| {
@@ -205,8 +239,8 @@ fn flat_and_causal_runs() {
             let q = queries(&mut rng, nq * t * hd);
             for mask in [MaskKind::Causal, MaskKind::None] {
                 let spec = AttendSpec {
-                    k: &k,
-                    v: &v,
+                    k: KvRows::from_f32(&k),
+                    v: KvRows::from_f32(&v),
                     n_kv_heads: n_kv,
                     head_dim: hd,
                     slots,
@@ -249,8 +283,8 @@ fn ring_two_runs_window() {
             let nq = n_kv * ratio;
             let q = queries(&mut rng, nq * t * hd);
             let spec = AttendSpec {
-                k: &k,
-                v: &v,
+                k: KvRows::from_f32(&k),
+                v: KvRows::from_f32(&v),
                 n_kv_heads: n_kv,
                 head_dim: hd,
                 slots,
@@ -313,8 +347,8 @@ fn cells_several_sequences() {
             let nq = n_kv * ratio;
             let q = queries(&mut rng, nq * t * hd);
             let spec = AttendSpec {
-                k: &k,
-                v: &v,
+                k: KvRows::from_f32(&k),
+                v: KvRows::from_f32(&v),
                 n_kv_heads: n_kv,
                 head_dim: hd,
                 slots,
@@ -345,8 +379,8 @@ fn key_split_decode() {
         let q = queries(&mut rng, nq * t * hd);
         for mask in [MaskKind::Causal, MaskKind::Window(700)] {
             let spec = AttendSpec {
-                k: &k,
-                v: &v,
+                k: KvRows::from_f32(&k),
+                v: KvRows::from_f32(&v),
                 n_kv_heads: n_kv,
                 head_dim: hd,
                 slots,
@@ -374,8 +408,8 @@ fn empty_visibility_gives_zeros() {
     let q = queries(&mut rng, 4 * 2 * hd);
     for mask in [MaskKind::Causal, MaskKind::Window(0)] {
         let spec = AttendSpec {
-            k: &k,
-            v: &v,
+            k: KvRows::from_f32(&k),
+            v: KvRows::from_f32(&v),
             n_kv_heads: n_kv,
             head_dim: hd,
             slots,
@@ -411,8 +445,8 @@ fn explicit_scale() {
     let positions = vec![ctx - 1];
     let q = queries(&mut rng, 2 * hd);
     let spec = AttendSpec {
-        k: &k,
-        v: &v,
+        k: KvRows::from_f32(&k),
+        v: KvRows::from_f32(&v),
         n_kv_heads: n_kv,
         head_dim: hd,
         slots,

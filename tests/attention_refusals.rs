@@ -7,7 +7,7 @@
 )]
 
 use offgraph_kv::attention::{attend, attend_into, AttendOptions, Backend, NativeIsa};
-use offgraph_kv::{AttendSpec, CacheError, KeyLayout, MaskKind, Run, Runs};
+use offgraph_kv::{AttendSpec, CacheError, KeyLayout, KvRows, MaskKind, Run, Runs};
 
 const HD: usize = 8;
 const SLOTS: usize = 16;
@@ -18,8 +18,8 @@ fn pools() -> (Vec<f32>, Vec<f32>) {
 
 fn spec<'a>(k: &'a [f32], v: &'a [f32], positions: &'a [usize], read: Runs) -> AttendSpec<'a> {
     AttendSpec {
-        k,
-        v,
+        k: KvRows::from_f32(k),
+        v: KvRows::from_f32(v),
         n_kv_heads: 2,
         head_dim: HD,
         slots: SLOTS,
@@ -163,8 +163,8 @@ fn cells_refusals() {
     ];
     for (keys, needle, is_shape) in cases {
         let s = AttendSpec {
-            k: &k,
-            v: &v,
+            k: KvRows::from_f32(&k),
+            v: KvRows::from_f32(&v),
             n_kv_heads: 2,
             head_dim: HD,
             slots: SLOTS,

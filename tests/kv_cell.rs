@@ -136,14 +136,14 @@ fn run(seed: u64, policies: &[LayerPolicy], n_cells: usize, ops: usize) -> (usiz
                                 for h in 0..HEADS {
                                     let at = (h * spec.slots + j) * DIM;
                                     assert_eq!(
-                                        &spec.k[at..at + DIM],
+                                        &spec.k.f32().unwrap()[at..at + DIM],
                                         &want_row[h * DIM..(h + 1) * DIM]
                                     );
                                     let wv: Vec<f32> = want_row[h * DIM..(h + 1) * DIM]
                                         .iter()
                                         .map(|x| 3.0 * x - 1.0)
                                         .collect();
-                                    assert_eq!(&spec.v[at..at + DIM], wv.as_slice());
+                                    assert_eq!(&spec.v.f32().unwrap()[at..at + DIM], wv.as_slice());
                                 }
                             }
                         }
@@ -197,10 +197,10 @@ fn bad_rows_write_nothing_and_stale_layers_are_refused() {
     c.begin_step(&[s], &[0]).unwrap();
     let good = vec![1.0; HEADS * DIM];
     c.update(0, &good, &good).unwrap();
-    let before = c.pool(0).unwrap().k().to_vec();
+    let before = c.pool(0).unwrap().k().bytes.to_vec();
     let e = c.update(0, &good[..2], &good).unwrap_err();
     assert!(matches!(&e, CacheError::Shape(m) if m.contains("expected 4") && m.contains("got 2")));
-    assert_eq!(c.pool(0).unwrap().k(), before.as_slice());
+    assert_eq!(c.pool(0).unwrap().k().bytes, before.as_slice());
     // A verb between begin_step and the layers closes the step.
     c.cells_mut().seq_rm(s, 0, None).unwrap();
     assert!(matches!(

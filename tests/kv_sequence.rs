@@ -69,12 +69,12 @@ fn drive(cfg: CacheConfig, steps: &[usize], seed: u64) -> usize {
                         let base = (h * spec.slots + s) * DIM;
                         let want = hist.0[layer][h][lo + r];
                         assert_eq!(
-                            &spec.k[base..base + DIM],
+                            &spec.k.f32().unwrap()[base..base + DIM],
                             &want,
                             "layer {layer} head {h} row {r}"
                         );
                         let wv: Vec<f32> = want.iter().map(|x| x * 2.0 + 1.0).collect();
-                        assert_eq!(&spec.v[base..base + DIM], wv.as_slice());
+                        assert_eq!(&spec.v.f32().unwrap()[base..base + DIM], wv.as_slice());
                         r += 1;
                     }
                 }
@@ -174,7 +174,7 @@ fn bad_rows_are_refused_and_write_nothing() {
     cache.begin_step(2).unwrap();
     let good: Vec<f32> = vec![1.0; HEADS * 2 * DIM];
     cache.update(0, &good, &good).unwrap();
-    let before: Vec<f32> = cache.pool(0).unwrap().k().to_vec();
+    let before: Vec<u8> = cache.pool(0).unwrap().k().bytes.to_vec();
     let short = vec![5.0; HEADS * DIM];
     let e = cache.update(0, &short, &short).unwrap_err();
     assert!(
@@ -187,13 +187,13 @@ fn bad_rows_are_refused_and_write_nothing() {
         cache.update(1, &good, &good),
         Err(CacheError::InvalidArgument(_))
     ));
-    assert_eq!(cache.pool(0).unwrap().k(), before.as_slice());
+    assert_eq!(cache.pool(0).unwrap().k().bytes, before.as_slice());
     cache.rewind(0).unwrap();
     assert!(matches!(
         cache.update(0, &good, &good),
         Err(CacheError::StepProtocol(_))
     ));
-    assert_eq!(cache.pool(0).unwrap().k(), before.as_slice());
+    assert_eq!(cache.pool(0).unwrap().k().bytes, before.as_slice());
 }
 
 #[test]

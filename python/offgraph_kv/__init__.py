@@ -40,6 +40,10 @@ from ._native import (
     SequencePlanner,
     __version__,
     attend,
+    cells_for_forks,
+    dequantize,
+    first_visible,
+    ring_keep,
 )
 from .registry import CacheSession
 
@@ -73,5 +77,9 @@ __all__ = [
     "UnknownSequenceError",
     "__version__",
     "attend",
+    "cells_for_forks",
+    "first_visible",
+    "dequantize",
     "registry",
+    "ring_keep",
 ]

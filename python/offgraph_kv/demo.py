@@ -101,10 +101,8 @@ def build_cache(cfg: DemoConfig, n_seqs: int, prefix: int, decode: int, chunk: i
     ccfg = n.CacheConfig(
         capacity, cfg.n_layers, layers, initial_capacity=min(64, capacity), max_step=max_step
     )
-    keep = cfg.window + max_step - 1
-    flat_need = prefix + n_seqs * decode
-    ring_need = min(prefix, keep) + n_seqs * min(decode, keep) + n_seqs
-    return n.KvCellCache(ccfg, max(flat_need, ring_need), n_seq_max=max(n_seqs, 1)), ccfg
+    n_cells = n.cells_for_forks(ccfg, prefix, n_seqs, decode)
+    return n.KvCellCache(ccfg, n_cells, n_seq_max=max(n_seqs, 1)), ccfg
 
 
 def run_demo(

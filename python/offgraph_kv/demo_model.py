@@ -1,7 +1,7 @@
 """A deterministic, transformer-shaped workload with no weights to download.
 
 Everything derives from a counter-based generator (splitmix64 over an index),
-so the Rust runner (``examples/runner.rs``) rebuilds the very same weights and
+so the Rust runner (``examples/runner/``) rebuilds the very same weights and
 prompts without Python. The model: token embeddings; per layer an RMS norm,
 Q/K/V projections into grouped-query heads, attention through the KV cache, an
 output projection added to the residual stream; a final RMS norm and an

@@ -37,19 +37,27 @@ Design
   full layer: every held position is visible and the pool is at most ``max_cache_len`` deep.
   Other layer types (chunked, linear attention) are refused; KV-sharing ``dummy`` layers pass
   through.
+* **Precision.** Pools hold the model's dtype by default (``kv_dtype=None``: float32, float16 or
+  bfloat16 pools for a model of that dtype), or any of ``"float32"``, ``"float16"``,
+  ``"bfloat16"``, ``"q8_0"`` by name. New rows go to ``update`` in their own 16-bit type when they
+  are float16/bfloat16 (bfloat16 as raw bits), so only the new rows are ever converted, and they
+  are rounded once, in the pool.
 * **One source of truth.** What a layer holds is asked of its cache: ``update`` returns the rows
   of the spec's read runs, and every other read (batch ops, the long ring step) goes through
   ``kv.held_runs(0, lo, hi)``, which answers with or without an open step, after any crop. No
   copy of the last read is kept.
-* **Zero copy.** ``update`` converts the new rows to float32 (a copy of the new rows only), writes
-  them, and returns views of the pool over the spec's read run. A wrapped ring (two runs) is joined
+* **Zero copy.** ``update`` writes the new rows and returns views of the pool over the spec's read
+  run. A wrapped ring (two runs) is joined
   with one ``torch.cat``, bounded by the window. A flat layer never copies its history.
-* **Copies, and why.** (a) bf16/f16 models: pools are float32, so the returned history is converted
-  to the model dtype every step (a copy; with ``attn_implementation="offgraph"`` it is skipped and
-  the kernel reads the float32 pools). (b) A ring step longer than its ``max_step`` (a long prompt
-  on a sliding layer, or a long message appended to a conversation): the prior window
-  (<= window-1 rows) is copied out before the chunked writes overwrite its slots, and returned
-  concatenated with the new rows. (c) Beam search, below.
+* **Copies, and why.** (a) Pools of another dtype than the model's (``kv_dtype`` set): the
+  returned history is converted to the model dtype every step (a copy; with
+  ``attn_implementation="offgraph"`` it is skipped and the kernel reads the pools in place). A
+  q8_0 pool has no tensor view, so eager/sdpa (and the offgraph attention's fallbacks) get a
+  dequantized float32 copy of the history each step; the offgraph attention itself reads the
+  blocks in place. (b) A ring step longer than its ``max_step`` (a long prompt on a sliding layer,
+  or a long message appended to a conversation): the prior window (<= window-1 rows) is copied
+  out before the chunked writes overwrite its slots, and returned concatenated with the new rows.
+  (c) Beam search, below.
 * **Beam search and batch ops.** ``reorder_cache``, ``batch_select_indices`` and
   ``batch_repeat_interleave`` gather every held row by the batch index (``index_select``; all held
   rows, not only the visible window, since a later crop may bring older ones back) and write them
@@ -96,6 +104,29 @@ ATTN_NAME = "offgraph"
 
 _SPEC_ATTR = "_offgraph_spec"
 
+KV_DTYPES = ("float32", "float16", "bfloat16", "q8_0")
+_MODEL_POOL = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _np_rows(x: torch.Tensor) -> tuple[np.ndarray, str | None]:
+    """New rows for ``update`` without a float32 round trip of 16-bit inputs: float16 as is,
+    bfloat16 as its bits (``bits="bfloat16"``), anything else as float32."""
+    if x.dtype == torch.float16:
+        return x.contiguous().numpy(), None
+    if x.dtype == torch.bfloat16:
+        return x.contiguous().view(torch.int16).numpy(), "bfloat16"
+    return x.to(torch.float32).contiguous().numpy(), None
+
+
+def _pool_torch(arr: np.ndarray, dtype: str) -> torch.Tensor:
+    """A torch tensor of a pool view: zero-copy for float32/float16/bfloat16, a dequantized
+    float32 copy for q8_0 (its blocks have no tensor type)."""
+    if dtype == "q8_0":
+        return torch.from_numpy(_okv.dequantize(arr, "q8_0"))
+    if dtype == "bfloat16":
+        return _pool_tensor(arr.view(np.int16)).view(torch.bfloat16)
+    return _pool_tensor(arr)
+
 
 def _pool_tensor(arr: np.ndarray) -> torch.Tensor:
     """A torch view of a read-only pool array. Nothing ever writes through it."""
@@ -120,8 +151,10 @@ class OffgraphLayer(CacheLayerMixin):
         max_step: int = 256,
         initial_capacity: int = 256,
         defer_dtype: bool = False,
+        kv_dtype: str | None = None,
     ):
         super().__init__()
+        self.kv_dtype = kv_dtype
         self.capacity = int(capacity)
         self.window = None if window is None else int(window)
         self.is_sliding = self.window is not None
@@ -143,8 +176,8 @@ class OffgraphLayer(CacheLayerMixin):
     # -- set-up -----------------------------------------------------------------------------------
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self._init(key_states.shape[0], key_states.shape[1], key_states.shape[-1])
         self.dtype = key_states.dtype
+        self._init(key_states.shape[0], key_states.shape[1], key_states.shape[-1])
         self.device = key_states.device
         if key_states.device.type != "cpu":
             raise ValueError("OffgraphCache keeps K/V in host memory; run the model on the CPU")
@@ -158,6 +191,7 @@ class OffgraphLayer(CacheLayerMixin):
             [layer],
             initial_capacity=self.initial_capacity,
             max_step=self.max_step,
+            dtype=self.kv_dtype or _MODEL_POOL.get(self.dtype, "float32"),
         )
         self.kv = _okv.KvSequenceCache(cfg)
         self.batch_size, self.n_heads, self.head_dim = int(batch), int(heads), int(head_dim)
@@ -170,15 +204,17 @@ class OffgraphLayer(CacheLayerMixin):
         """``[B, H, slots, D]`` torch views of the pools, rebuilt only when a pool grows."""
         k, v = spec.k, spec.v
         key = (k.__array_interface__["data"][0], k.shape[1])
-        if self._views is None or self._views[:2] != key:
+        copied = "q8_0" in (spec.k_dtype, spec.v_dtype)  # a dequantized copy is stale next step
+        if self._views is None or self._views[:2] != key or copied:
             shape = (self.batch_size, self.n_heads, k.shape[1], self.head_dim)
-            self._views = (*key, _pool_tensor(k).view(shape), _pool_tensor(v).view(shape))
+            kt, vt = _pool_torch(k, spec.k_dtype), _pool_torch(v, spec.v_dtype)
+            self._views = (*key, kt.view(shape), vt.view(shape))
         return self._views[2], self._views[3]
 
     def _gather(self, runs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of pool slot runs: a view for one run, a cat for two."""
         if not runs:
-            empty = torch.empty(self.batch_size, self.n_heads, 0, self.head_dim)
+            empty = torch.empty(self.batch_size, self.n_heads, 0, self.head_dim, dtype=self.dtype)
             return empty, empty
         assert self._views is not None
         kp, vp = self._views[2], self._views[3]
@@ -196,17 +232,19 @@ class OffgraphLayer(CacheLayerMixin):
         return self._gather(self.kv.held_runs(0, lo, hi))
 
     def _out(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.dtype != torch.float32 and not self.defer_dtype:
+        if (k.dtype != self.dtype or v.dtype != self.dtype) and not self.defer_dtype:
             return k.to(self.dtype), v.to(self.dtype)
         return k, v
 
     def _write(self, k: torch.Tensor, v: torch.Tensor) -> _okv.AttendSpec:
-        """One step of ``T <= max_step`` rows, ``k``/``v`` float32 ``[B, H, T, D]``."""
+        """One step of ``T <= max_step`` rows, ``k``/``v`` ``[B, H, T, D]`` (float32, float16 or
+        bfloat16; rounded once into the pool's dtype)."""
         assert self.kv is not None
         b, h, t, d = k.shape
+        (kn, bits), (vn, _) = _np_rows(k.reshape(b * h, t, d)), _np_rows(v.reshape(b * h, t, d))
         self.kv.begin_step(t)
         try:
-            spec = self.kv.update(0, k.reshape(b * h, t, d).numpy(), v.reshape(b * h, t, d).numpy())
+            spec = self.kv.update(0, kn, vn, bits=bits)
         except BaseException:
             self.kv.rewind(self.kv.length - t)
             raise
@@ -227,23 +265,26 @@ class OffgraphLayer(CacheLayerMixin):
                 f"OffgraphCache layer holds batch {self.batch_size} x {self.n_heads} heads x "
                 f"{self.head_dim}, got key_states of shape {tuple(key_states.shape)}"
             )
-        k32 = key_states.detach().to(torch.float32)
-        v32 = value_states.detach().to(torch.float32)
+        kin = key_states.detach()
+        vin = value_states.detach()
+        if vin.dtype != kin.dtype:
+            vin = vin.to(kin.dtype)
         if t <= self.max_step:
-            spec = self._write(k32, v32)
+            spec = self._write(kin, vin)
             k, v = self._gather(spec.read)
-            if self.dtype == torch.float32 or self.defer_dtype:
+            if (k.dtype == self.dtype and v.dtype == self.dtype) or self.defer_dtype:
                 setattr(k, _SPEC_ATTR, (spec, self.batch_size))
             return self._out(k, v)
         # A ring step longer than max_step (a long prompt on a sliding layer): write it in chunks
         # and return the prior window followed by all the new rows. The prior window is copied
-        # first: the chunks overwrite its slots (``.to`` alone returns the view for float32).
+        # first: the chunks overwrite its slots (``.to`` alone returns the view when the pool
+        # holds the model's dtype).
         lo, length = self._visible()
         hk, hv = self._rows(lo, length)
         hk = hk.to(key_states.dtype, copy=True)
         hv = hv.to(value_states.dtype, copy=True)
         for s in range(0, t, self.max_step):
-            self._write(k32[:, :, s : s + self.max_step], v32[:, :, s : s + self.max_step])
+            self._write(kin[:, :, s : s + self.max_step], vin[:, :, s : s + self.max_step])
         keys = torch.cat([hk, key_states.detach()], dim=2)
         values = torch.cat([hv, value_states.detach()], dim=2)
         return keys, values
@@ -364,6 +405,8 @@ class OffgraphCache(Cache):
         max_step: most tokens a sliding layer takes in one step without chunking, and the deepest
             crop it allows (raised to the window). Its pool depth is ``window + max_step - 1``.
         initial_capacity: first pool size in slots.
+        kv_dtype: the pools' dtype, one of ``"float32"``, ``"float16"``, ``"bfloat16"``,
+            ``"q8_0"``; ``None`` (default) stores the model's dtype (float32 for others).
     """
 
     def __init__(
@@ -372,7 +415,12 @@ class OffgraphCache(Cache):
         max_cache_len: int | None = None,
         max_step: int = 256,
         initial_capacity: int = 256,
+        kv_dtype: str | None = None,
     ):
+        if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+            from ._errors import ConfigError
+
+            raise ConfigError(f"kv_dtype: expected None or one of {KV_DTYPES}, got {kv_dtype!r}")
         text = config.get_text_config(decoder=True)
         capacity = max_cache_len or getattr(text, "max_position_embeddings", None) or 32768
         defer = getattr(config, "_attn_implementation", None) == ATTN_NAME
@@ -395,6 +443,7 @@ class OffgraphCache(Cache):
                     max_step=max_step,
                     initial_capacity=initial_capacity,
                     defer_dtype=defer,
+                    kv_dtype=kv_dtype,
                 )
             )
         super().__init__(layers=layers)

@@ -25,6 +25,7 @@
 // nonzero constants or validated counts.
 #![allow(clippy::arithmetic_side_effects)]
 
+use crate::dtype::{KvDtype, KvRows};
 use crate::runs::Run;
 
 /// Query rows per block.
@@ -81,6 +82,57 @@ pub(crate) trait Isa: Copy {
         }
     }
 
+    /// Whether [`Isa::scores_pv_stored`] serves `nr` rows of `hd` values.
+    #[inline(always)]
+    fn stored_ok(_nr: usize, _hd: usize) -> bool {
+        false
+    }
+
+    /// [`Isa::scores_pv`] reading K and V tiles as stored (`k`: `nk` rows of
+    /// `kd`, `v`: `nkp` rows of `vd`), widening 16 values at a time in
+    /// registers instead of through a scratch tile.
+    ///
+    /// # Safety
+    /// [`Isa::stored_ok`] returned true for `nr`, `hd`; the contracts of
+    /// `scores_pv` with rows of the dtypes' sizes; the CPU supports the ISA.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_pv_stored(
+        _qs: *const f32,
+        _nr: usize,
+        _k: *const u8,
+        _kd: KvDtype,
+        _nk: usize,
+        _sc: *mut f32,
+        _p: *const f32,
+        _v: *const u8,
+        _vd: KvDtype,
+        _nkp: usize,
+        _hd: usize,
+        _acc: *mut f32,
+    ) {
+    }
+
+    /// Widens `n_rows` stored rows of `dtype` (`src`, `dtype.row_bytes(hd)`
+    /// bytes each) into `dst` (`n_rows * hd` floats). Float32 rows are never
+    /// passed here (the kernels read them in place).
+    ///
+    /// # Safety
+    /// `src` holds `n_rows` whole rows, `dst` `n_rows * hd` floats; for q8_0
+    /// `hd % 32 == 0`; the CPU supports the ISA.
+    #[inline(always)]
+    unsafe fn decode_rows(dtype: KvDtype, src: *const u8, n_rows: usize, hd: usize, dst: *mut f32) {
+        let rb = dtype.row_bytes(hd);
+        // SAFETY: sizes per the contract.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(src, n_rows * rb),
+                std::slice::from_raw_parts_mut(dst, n_rows * hd),
+            )
+        };
+        decode_portable(dtype, src, dst);
+    }
+
     /// One row's softmax step over a score tile: lanes outside `[va, vb)`
     /// become 0, the others `exp2(s - mn)` with `mn = max(m_old, max of the
     /// visible lanes)`; returns `(mn, Σ p)`.
@@ -95,9 +147,9 @@ pub(crate) trait Isa: Copy {
 
 /// One unit of work: query rows of one KV head against key segments.
 pub(crate) struct Block<'a> {
-    /// K and V rows of this KV head: `slots * hd` floats each.
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    /// K and V rows of this KV head as stored: `slots` rows each.
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
     pub hd: usize,
     /// Scaled query rows, `nr * hd`.
     pub qs: &'a [f32],
@@ -119,6 +171,8 @@ pub(crate) struct State<'a> {
     pub acc: &'a mut [f32],
     /// Score tile scratch: two tiles of `RB * KT` (the pipeline's double buffer).
     pub sc: &'a mut [f32],
+    /// Widened K and V tiles of non-float32 pools: `2 * KT * hd` floats.
+    pub conv: &'a mut [f32],
 }
 
 impl State<'_> {
@@ -205,33 +259,69 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
     });
     // Software pipeline: the scores of tile t+1 go with P·V of tile t (two
     // score buffers), so K and V loads of neighbouring tiles overlap.
-    let State { m, l, acc, sc } = st;
+    let State {
+        m,
+        l,
+        acc,
+        sc,
+        conv,
+    } = st;
+    let (kconv, vconv) = conv.split_at_mut(KT * hd);
     let (sc0, sc1) = sc.split_at_mut(RB * KT);
     let mut bufs = [sc0, sc1];
     // Previous tile: (first pool row, keys to accumulate; 0 when no row saw it).
     let mut prev = (0usize, 0usize);
     let mut cur = 0usize;
+    // Low-precision pools are read as stored where the ISA widens in registers.
+    let stored =
+        (b.k.dtype, b.v.dtype) != (KvDtype::Float32, KvDtype::Float32) && I::stored_ok(nr, hd);
+    let (krb, vrb) = (b.k.dtype.row_bytes(hd), b.v.dtype.row_bytes(hd));
     for (row0, nk, j) in tiles {
-        let kt = &b.k[row0 * hd..(row0 + nk) * hd];
-        let vp = &b.v[prev.0 * hd..(prev.0 + prev.1) * hd];
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
-        // SAFETY: qs has nr*hd floats, kt nk*hd, each score buffer RB*KT >= nr*KT
-        // (distinct buffers), vp prev.1*hd, acc nr*hd; nk, prev.1 <= KT.
-        unsafe {
-            I::scores_pv(
-                b.qs.as_ptr(),
-                nr,
-                kt.as_ptr(),
-                nk,
-                sc.as_mut_ptr(),
-                p.as_ptr(),
-                vp.as_ptr(),
-                prev.1,
-                hd,
-                acc.as_mut_ptr(),
-            )
-        };
+        if stored {
+            let kt = &b.k.bytes[row0 * krb..(row0 + nk) * krb];
+            let vp = &b.v.bytes[prev.0 * vrb..(prev.0 + prev.1) * vrb];
+            // SAFETY: kt holds nk rows of K, vp prev.1 rows of V, as stored;
+            // buffers as below; stored_ok held.
+            unsafe {
+                I::scores_pv_stored(
+                    b.qs.as_ptr(),
+                    nr,
+                    kt.as_ptr(),
+                    b.k.dtype,
+                    nk,
+                    sc.as_mut_ptr(),
+                    p.as_ptr(),
+                    vp.as_ptr(),
+                    b.v.dtype,
+                    prev.1,
+                    hd,
+                    acc.as_mut_ptr(),
+                )
+            };
+        } else {
+            // SAFETY: the tile's rows lie inside the head's rows (validated runs),
+            // each conversion buffer holds KT * hd >= nk * hd floats.
+            let kt = unsafe { tile::<I>(b.k, row0, nk, hd, kconv) };
+            let vp = unsafe { tile::<I>(b.v, prev.0, prev.1, hd, vconv) };
+            // SAFETY: qs has nr*hd floats, kt nk*hd, each score buffer RB*KT >= nr*KT
+            // (distinct buffers), vp prev.1*hd, acc nr*hd; nk, prev.1 <= KT.
+            unsafe {
+                I::scores_pv(
+                    b.qs.as_ptr(),
+                    nr,
+                    kt.as_ptr(),
+                    nk,
+                    sc.as_mut_ptr(),
+                    p.as_ptr(),
+                    vp.as_ptr(),
+                    prev.1,
+                    hd,
+                    acc.as_mut_ptr(),
+                )
+            };
+        }
         let mut any = false;
         for r in 0..nr {
             let (lo, hi) = (b.lo[r], b.hi[r]);
@@ -254,11 +344,90 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
         prev = (row0, if any { nk } else { 0 });
         cur ^= 1;
     }
-    if prev.1 > 0 {
-        let vp = &b.v[prev.0 * hd..(prev.0 + prev.1) * hd];
+    if prev.1 > 0 && stored {
+        let vp = &b.v.bytes[prev.0 * vrb..(prev.0 + prev.1) * vrb];
+        let p = &bufs[cur ^ 1];
+        let sc = std::ptr::null_mut();
+        // SAFETY: nk = 0 skips the scores half; p, vp, acc as in the loop.
+        unsafe {
+            I::scores_pv_stored(
+                b.qs.as_ptr(),
+                nr,
+                std::ptr::null(),
+                b.k.dtype,
+                0,
+                sc,
+                p.as_ptr(),
+                vp.as_ptr(),
+                b.v.dtype,
+                prev.1,
+                hd,
+                acc.as_mut_ptr(),
+            )
+        };
+    } else if prev.1 > 0 {
+        // SAFETY: as in the loop.
+        let vp = unsafe { tile::<I>(b.v, prev.0, prev.1, hd, vconv) };
         let p = &bufs[cur ^ 1];
         // SAFETY: p has nr*KT floats, vp prev.1*hd, acc nr*hd; prev.1 <= KT.
         unsafe { I::pv(p.as_ptr(), nr, vp.as_ptr(), prev.1, hd, acc.as_mut_ptr()) };
+    }
+}
+
+/// Rows `[row0, row0 + n)` of a head as f32: in place for a float32 pool,
+/// widened into `conv` otherwise.
+///
+/// # Safety
+/// The rows lie inside `rows`; `conv` holds `n * hd` floats; the CPU supports `I`.
+#[inline(always)]
+unsafe fn tile<'c, 'r: 'c, I: Isa>(
+    rows: KvRows<'r>,
+    row0: usize,
+    n: usize,
+    hd: usize,
+    conv: &'c mut [f32],
+) -> &'c [f32] {
+    if n == 0 {
+        return &[];
+    }
+    if let Some(f) = rows.f32() {
+        return &f[row0 * hd..(row0 + n) * hd];
+    }
+    let rb = rows.dtype.row_bytes(hd);
+    let src = &rows.bytes[row0 * rb..(row0 + n) * rb];
+    let dst = &mut conv[..n * hd];
+    // SAFETY: src holds n whole rows, dst n * hd floats; ISA per the contract.
+    unsafe { I::decode_rows(rows.dtype, src.as_ptr(), n, hd, dst.as_mut_ptr()) };
+    dst
+}
+
+/// Portable widening of stored rows (bit arithmetic; see `crate::dtype`).
+#[inline(always)]
+fn decode_portable(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
+    match dtype {
+        KvDtype::Float32 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        KvDtype::Bfloat16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
+            }
+        }
+        KvDtype::Float16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+            }
+        }
+        KvDtype::Q8_0 => {
+            for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
+                let scale = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+                for (x, q) in d.iter_mut().zip(&s[2..]) {
+                    *x = scale * (*q as i8) as f32;
+                }
+            }
+        }
     }
 }
 
@@ -365,6 +534,7 @@ impl<const FMA: bool> Isa for Portable<FMA> {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
     use super::{Isa, KT};
+    use crate::dtype::KvDtype;
     use std::arch::x86_64::*;
 
     #[derive(Clone, Copy)]
@@ -587,7 +757,319 @@ pub(crate) mod avx512 {
         }
     }
 
+    /// Widens 16 stored values of one row in registers.
+    pub(crate) trait Load: Copy {
+        /// Values `[d, d + 16)` of the row at `row`.
+        ///
+        /// # Safety
+        /// `row` addresses a whole stored row; `d + 16 <= hd`, `d % 16 == 0`; AVX-512F.
+        unsafe fn load16(row: *const u8, d: usize) -> __m512;
+    }
+
+    #[derive(Clone, Copy)]
+    struct LF32;
+    #[derive(Clone, Copy)]
+    struct LF16;
+    #[derive(Clone, Copy)]
+    struct LBf16;
+    #[derive(Clone, Copy)]
+    struct LQ8;
+
+    impl Load for LF32 {
+        #[inline(always)]
+        unsafe fn load16(row: *const u8, d: usize) -> __m512 {
+            // SAFETY: contract of `load16`.
+            unsafe { _mm512_loadu_ps(row.cast::<f32>().add(d)) }
+        }
+    }
+
+    impl Load for LF16 {
+        #[inline(always)]
+        unsafe fn load16(row: *const u8, d: usize) -> __m512 {
+            // SAFETY: contract of `load16` (32 bytes at 2d).
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * d).cast())) }
+        }
+    }
+
+    impl Load for LBf16 {
+        #[inline(always)]
+        unsafe fn load16(row: *const u8, d: usize) -> __m512 {
+            // SAFETY: contract of `load16`; bfloat16 widens by a 16-bit shift.
+            unsafe {
+                let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(2 * d).cast()));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+            }
+        }
+    }
+
+    impl Load for LQ8 {
+        #[inline(always)]
+        unsafe fn load16(row: *const u8, d: usize) -> __m512 {
+            // SAFETY: contract of `load16`: block d / 32 (34 bytes) lies in the row,
+            // and its 16 values at d % 32 follow the 2-byte scale.
+            unsafe {
+                let blk = row.add(d / 32 * 34);
+                let bits = blk.cast::<u16>().read_unaligned();
+                let scale = _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16));
+                let q = _mm_loadu_si128(blk.add(2 + d % 32).cast());
+                _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)))
+            }
+        }
+    }
+
+    /// Prefetches one stored row a tile (`KT` rows) ahead, into L2.
+    #[inline(always)]
+    unsafe fn prefetch_row(row: *const u8, rb: usize) {
+        let ahead = row.wrapping_add(KT * rb);
+        let mut o = 0;
+        while o < rb {
+            // SAFETY: a prefetch never faults; the address is only computed.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(o).cast::<i8>()) };
+            o += 64;
+        }
+    }
+
+    /// The pipelined decode step (as `scores_pv_rows`) over stored K/V rows:
+    /// each 16-value chunk is widened in registers right where it is used.
+    ///
+    /// # Safety
+    /// As [`Isa::scores_pv_stored`] with `nr == R <= 4`, `hd % 16 == 0`; AVX-512F.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn stored_rows<const R: usize, K: Load, V: Load>(
+        qs: *const f32,
+        k: *const u8,
+        krb: usize,
+        nk: usize,
+        sc: *mut f32,
+        p: *const f32,
+        v: *const u8,
+        vrb: usize,
+        nkp: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        let qp: [*const f32; 4] = core::array::from_fn(|i| qs.wrapping_add(i.min(R - 1) * hd));
+        let mut g = 0;
+        // SAFETY (whole loop): rows clamped into k / v, offsets < hd, R rows of
+        // p / acc / sc (contract of `scores_pv_stored`).
+        unsafe {
+            while g < nk.max(nkp) {
+                let mut j0 = g;
+                while j0 < nk.min(g + PG) {
+                    let kp: [*const u8; 4] =
+                        core::array::from_fn(|i| k.wrapping_add((j0 + i).min(nk - 1) * krb));
+                    let mut a = [_mm512_setzero_ps(); 16];
+                    let mut d = 0;
+                    while d < hd {
+                        let q: [__m512; 4] =
+                            core::array::from_fn(|i| _mm512_loadu_ps(qp[i].add(d)));
+                        for jj in 0..4 {
+                            let kv = K::load16(kp[jj], d);
+                            for i in 0..4 {
+                                a[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, a[i * 4 + jj]);
+                            }
+                        }
+                        d += 16;
+                    }
+                    for r in kp {
+                        prefetch_row(r, krb);
+                    }
+                    let mut sums = [0.0f32; 16];
+                    _mm512_storeu_ps(sums.as_mut_ptr(), hsum16(&a));
+                    for i in 0..R {
+                        for jj in 0..4.min(nk - j0) {
+                            *sc.add(i * KT + j0 + jj) = sums[i * 4 + jj];
+                        }
+                    }
+                    j0 += 4;
+                }
+                if g < nkp {
+                    let n = (nkp - g).min(PG);
+                    for j in g..g + n {
+                        prefetch_row(v.add(j * vrb), vrb);
+                    }
+                    let mut d = 0;
+                    while d < hd {
+                        let mut a: [__m512; R] =
+                            core::array::from_fn(|i| _mm512_loadu_ps(acc.add(i * hd + d)));
+                        for j in g..g + n {
+                            let x = V::load16(v.add(j * vrb), d);
+                            for (i, ai) in a.iter_mut().enumerate() {
+                                *ai = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i * KT + j)), x, *ai);
+                            }
+                        }
+                        for (i, ai) in a.iter().enumerate() {
+                            _mm512_storeu_ps(acc.add(i * hd + d), *ai);
+                        }
+                        d += 16;
+                    }
+                }
+                g += PG;
+            }
+        }
+    }
+
+    /// `stored_rows` for the runtime row count.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn stored_r<K: Load, V: Load>(
+        qs: *const f32,
+        nr: usize,
+        k: *const u8,
+        krb: usize,
+        nk: usize,
+        sc: *mut f32,
+        p: *const f32,
+        v: *const u8,
+        vrb: usize,
+        nkp: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        // SAFETY: forwarded contract (nr <= 4).
+        unsafe {
+            match nr {
+                1 => stored_rows::<1, K, V>(qs, k, krb, nk, sc, p, v, vrb, nkp, hd, acc),
+                2 => stored_rows::<2, K, V>(qs, k, krb, nk, sc, p, v, vrb, nkp, hd, acc),
+                3 => stored_rows::<3, K, V>(qs, k, krb, nk, sc, p, v, vrb, nkp, hd, acc),
+                _ => stored_rows::<4, K, V>(qs, k, krb, nk, sc, p, v, vrb, nkp, hd, acc),
+            }
+        }
+    }
+
+    /// `stored_r` with V's loader chosen at run time.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn stored_v<K: Load>(
+        qs: *const f32,
+        nr: usize,
+        k: *const u8,
+        krb: usize,
+        nk: usize,
+        sc: *mut f32,
+        p: *const f32,
+        v: *const u8,
+        vd: KvDtype,
+        nkp: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        let vrb = vd.row_bytes(hd);
+        // SAFETY: forwarded contract.
+        unsafe {
+            match vd {
+                KvDtype::Float32 => {
+                    stored_r::<K, LF32>(qs, nr, k, krb, nk, sc, p, v, vrb, nkp, hd, acc)
+                }
+                KvDtype::Float16 => {
+                    stored_r::<K, LF16>(qs, nr, k, krb, nk, sc, p, v, vrb, nkp, hd, acc)
+                }
+                KvDtype::Bfloat16 => {
+                    stored_r::<K, LBf16>(qs, nr, k, krb, nk, sc, p, v, vrb, nkp, hd, acc)
+                }
+                KvDtype::Q8_0 => {
+                    stored_r::<K, LQ8>(qs, nr, k, krb, nk, sc, p, v, vrb, nkp, hd, acc)
+                }
+            }
+        }
+    }
+
+    /// Widens `n_rows` stored rows into `dst` with `L`'s register loads.
+    ///
+    /// # Safety
+    /// `src` holds `n_rows` rows of `rb` bytes, `dst` `n_rows * hd` floats,
+    /// `hd % 16 == 0`; AVX-512F.
+    #[inline(always)]
+    unsafe fn widen_rows<L: Load>(
+        src: *const u8,
+        rb: usize,
+        n_rows: usize,
+        hd: usize,
+        dst: *mut f32,
+    ) {
+        for r in 0..n_rows {
+            let mut d = 0;
+            while d < hd {
+                // SAFETY: row r of src and of dst, 16 values at d < hd.
+                unsafe { _mm512_storeu_ps(dst.add(r * hd + d), L::load16(src.add(r * rb), d)) };
+                d += 16;
+            }
+        }
+    }
+
     impl Isa for Avx512 {
+        #[inline(always)]
+        unsafe fn decode_rows(
+            dtype: KvDtype,
+            src: *const u8,
+            n_rows: usize,
+            hd: usize,
+            dst: *mut f32,
+        ) {
+            let rb = dtype.row_bytes(hd);
+            if !hd.is_multiple_of(16) {
+                // SAFETY: sizes per the trait contract.
+                let (src, dst) = unsafe {
+                    (
+                        std::slice::from_raw_parts(src, n_rows * rb),
+                        std::slice::from_raw_parts_mut(dst, n_rows * hd),
+                    )
+                };
+                super::decode_portable(dtype, src, dst);
+                return;
+            }
+            // SAFETY: sizes per the trait contract; hd % 16 == 0.
+            unsafe {
+                match dtype {
+                    KvDtype::Float32 => widen_rows::<LF32>(src, rb, n_rows, hd, dst),
+                    KvDtype::Float16 => widen_rows::<LF16>(src, rb, n_rows, hd, dst),
+                    KvDtype::Bfloat16 => widen_rows::<LBf16>(src, rb, n_rows, hd, dst),
+                    KvDtype::Q8_0 => widen_rows::<LQ8>(src, rb, n_rows, hd, dst),
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn stored_ok(nr: usize, hd: usize) -> bool {
+            nr <= 4 && hd.is_multiple_of(16)
+        }
+
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn scores_pv_stored(
+            qs: *const f32,
+            nr: usize,
+            k: *const u8,
+            kd: KvDtype,
+            nk: usize,
+            sc: *mut f32,
+            p: *const f32,
+            v: *const u8,
+            vd: KvDtype,
+            nkp: usize,
+            hd: usize,
+            acc: *mut f32,
+        ) {
+            let krb = kd.row_bytes(hd);
+            // SAFETY: forwarded contract (stored_ok held: nr <= 4, hd % 16 == 0).
+            unsafe {
+                match kd {
+                    KvDtype::Float32 => {
+                        stored_v::<LF32>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
+                    }
+                    KvDtype::Float16 => {
+                        stored_v::<LF16>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
+                    }
+                    KvDtype::Bfloat16 => {
+                        stored_v::<LBf16>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
+                    }
+                    KvDtype::Q8_0 => {
+                        stored_v::<LQ8>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
+                    }
+                }
+            }
+        }
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn scores_pv(

@@ -1,7 +1,12 @@
 //! Pooled attention (issue 5): `softmax(q·Kᵀ·scale + mask)·V` straight over an
 //! [`AttendSpec`]'s pools, reading only the rows its key layout names.
 //!
-//! * `q` and the output are `[n_q_heads, T, head_dim]` f32, row-major.
+//! * `q` and the output are `[n_q_heads, T, head_dim]` f32, row-major. The
+//!   pools are read as stored, in any [`crate::KvDtype`] (K and V apart):
+//!   float32 in place; float16, bfloat16 and q8_0 widened to f32 next to the
+//!   arithmetic (AVX-512 decode: 16 values at a time in registers; other
+//!   shapes and ISAs: one 64-row tile at a time into an L1 scratch), never
+//!   as a copy of the history. Accumulation is f32 throughout.
 //!   `n_q_heads` is a nonzero multiple of the spec's `n_kv_heads` (grouped-query
 //!   attention): query head `h` reads KV head `h / (n_q_heads / n_kv_heads)`.
 //! * [`KeyLayout::Runs`]: token `i` sees row `r` of the concatenated read runs
@@ -34,6 +39,7 @@ mod kernel;
 #[cfg(feature = "xnnpack")]
 mod xnn;
 
+use crate::dtype::{KvDtype, KvRows};
 use crate::error::{CacheError, Result};
 use crate::runs::{MaskKind, Run, Runs};
 use crate::spec::{AttendSpec, KeyLayout};
@@ -143,6 +149,7 @@ pub fn attend_into(
         Backend::Xnnpack => {
             #[cfg(feature = "xnnpack")]
             {
+                xnn::check_dtypes(spec.k.dtype, spec.v.dtype)?;
                 xnn::ensure_init()?;
                 Exec::Xnn
             }
@@ -186,7 +193,10 @@ pub fn attend_into(
 /// | prefill T=128/2048, 2 thr  | 24.5 ms  | 58.5 ms  | FMA bound 17.7 ms |
 ///
 /// Native wins every measured shape (decode by 6–9×, prefill by ~2.4×), so
-/// there is no crossover and `auto` picks `native` everywhere. XNNPACK would
+/// there is no crossover and `auto` picks `native` everywhere. Native is also
+/// the only backend that serves float16, bfloat16 and q8_0 pools (XNNPACK
+/// refuses them with `Backend`), so `auto` never picks a backend that cannot
+/// serve the spec. XNNPACK would
 /// need persistent packed pages (a per-page write generation from the byte
 /// layer) to compete; see the issue notes.
 pub fn resolve_backend(
@@ -286,16 +296,34 @@ fn validate(
             spec.n_kv_heads
         )));
     }
-    let pool = spec
-        .n_kv_heads
-        .checked_mul(spec.slots)
-        .and_then(|x| x.checked_mul(hd))
-        .ok_or_else(|| CacheError::Shape("spec pool size overflows".into()))?;
-    for (name, len) in [("k", spec.k.len()), ("v", spec.v.len())] {
+    for (name, rows) in [("k", spec.k), ("v", spec.v)] {
+        rows.dtype
+            .check_head_dim(hd)
+            .map_err(|e| CacheError::Shape(format!("spec.{name}: {}", e.message())))?;
+        let rb = rows.dtype.row_bytes(hd);
+        let pool = spec
+            .n_kv_heads
+            .checked_mul(spec.slots)
+            .and_then(|x| x.checked_mul(rb))
+            .ok_or_else(|| CacheError::Shape("spec pool size overflows".into()))?;
+        let len = rows.bytes.len();
         if len != pool {
             return Err(CacheError::Shape(format!(
-                "spec.{name}: expected n_kv_heads*slots*head_dim = {}*{}*{} = {pool} floats, got {len}",
-                spec.n_kv_heads, spec.slots, hd
+                "spec.{name}: expected n_kv_heads*slots*row_bytes = {}*{}*{rb} = {pool} bytes ({} rows of {hd}), got {len}",
+                spec.n_kv_heads,
+                spec.slots,
+                rows.dtype.name()
+            )));
+        }
+        let aligned = match rows.dtype {
+            KvDtype::Float32 => rows.f32().is_some(),
+            KvDtype::Float16 | KvDtype::Bfloat16 => rows.u16().is_some(),
+            KvDtype::Q8_0 => true,
+        };
+        if !aligned {
+            return Err(CacheError::Shape(format!(
+                "spec.{name}: expected {} rows aligned to their element size, got a misaligned slice",
+                rows.dtype.name()
             )));
         }
     }
@@ -396,8 +424,8 @@ enum Keys<'a> {
 /// The task geometry of one call.
 struct Plan<'a> {
     q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    k: KvRows<'a>,
+    v: KvRows<'a>,
     hd: usize,
     slots: usize,
     t: usize,
@@ -672,8 +700,8 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 // by construction, so no product, sum or division below can overflow or divide
 // by zero.
 #[allow(clippy::arithmetic_side_effects)]
-fn run_task(
-    plan: &Plan<'_>,
+fn run_task<'a>(
+    plan: &Plan<'a>,
     exec: Exec,
     task: usize,
     scr: &mut Scratch,
@@ -684,7 +712,7 @@ fn run_task(
     let (r0, nr) = plan.block_rows(blk);
     let hd = plan.hd;
     let rb = plan.rb;
-    let need_f = rb * hd * 2 + rb * 2 + 2 * kernel::RB * kernel::KT;
+    let need_f = rb * hd * 2 + rb * 2 + 2 * kernel::RB * kernel::KT + 2 * kernel::KT * hd;
     if scr.f.len() < need_f {
         scr.f.resize(need_f, 0.0);
     }
@@ -694,7 +722,8 @@ fn run_task(
     let (qs, rest) = scr.f.split_at_mut(rb * hd);
     let (acc, rest) = rest.split_at_mut(rb * hd);
     let (m, rest) = rest.split_at_mut(rb);
-    let (l, sc) = rest.split_at_mut(rb);
+    let (l, rest) = rest.split_at_mut(rb);
+    let (sc, conv) = rest.split_at_mut(2 * kernel::RB * kernel::KT);
     let (lo, hi) = scr.u.split_at_mut(rb);
     for i in 0..nr {
         let off = plan.row_off(kvh, r0 + i);
@@ -714,10 +743,16 @@ fn run_task(
     l.fill(0.0);
     acc.fill(0.0);
     let (k0, k1) = plan.split_range(split);
-    let head = kvh * plan.slots * hd..(kvh + 1) * plan.slots * hd;
+    let head = |rows: KvRows<'a>| -> KvRows<'a> {
+        let n = plan.slots * rows.dtype.row_bytes(hd);
+        KvRows {
+            dtype: rows.dtype,
+            bytes: rows.bytes.get(kvh * n..(kvh + 1) * n).unwrap_or(&[]),
+        }
+    };
     let block = kernel::Block {
-        k: plan.k.get(head.clone()).unwrap_or(&[]),
-        v: plan.v.get(head).unwrap_or(&[]),
+        k: head(plan.k),
+        v: head(plan.v),
         hd,
         qs: qs.get(..nr * hd).unwrap_or(&[]),
         nr,
@@ -727,7 +762,13 @@ fn run_task(
         k0,
         k1,
     };
-    let mut st = kernel::State { m, l, acc, sc };
+    let mut st = kernel::State {
+        m,
+        l,
+        acc,
+        sc,
+        conv,
+    };
     match exec {
         Exec::Native(isa) => native_block(isa, &block, &mut st),
         #[cfg(feature = "xnnpack")]

@@ -35,6 +35,7 @@
 #![allow(clippy::arithmetic_side_effects)]
 
 use super::kernel::{exp2, Block, State};
+use crate::dtype::KvDtype;
 use crate::error::{CacheError, Result};
 use std::cell::RefCell;
 use std::ptr;
@@ -46,6 +47,25 @@ pub(crate) const RB: usize = 32;
 /// Keys per operator call.
 const CHUNK: usize = 256;
 const PAD: usize = x::XNN_EXTRA_BYTES / 4;
+
+/// The pool dtypes this backend serves: float32 only. The library's f16
+/// fully-connected operator takes f16 input *and* f16 output (no f32
+/// accumulator output to fold an online softmax into), bfloat16 has no
+/// operator at all, and its qs8 operator takes one scale per tensor, not
+/// q8_0's scale per 32 values; serving those pools would need a dequantized
+/// copy of the history, which the contract rules out. `auto` never picks
+/// this backend.
+pub(crate) fn check_dtypes(k: KvDtype, v: KvDtype) -> Result<()> {
+    for (name, d) in [("K", k), ("V", v)] {
+        if d != KvDtype::Float32 {
+            return Err(CacheError::Backend(format!(
+                "backend \"xnnpack\": expected float32 pools, got a {} {name} pool (this backend reads float32 rows in place only; use backend \"native\" or \"auto\")",
+                d.name()
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// Initialises XNNPACK once per process.
 pub(crate) fn ensure_init() -> Result<()> {
@@ -157,6 +177,8 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
             uhi = uhi.max(b.hi[r]);
         }
     }
+    // Only float32 pools reach this backend (`check_dtypes`).
+    let (bk, bv) = (b.k.f32().unwrap_or(&[]), b.v.f32().unwrap_or(&[]));
     let lo_all = ulo.max(b.k0);
     let hi_all = uhi.min(b.k1);
     if lo_all >= hi_all || nr == 0 {
@@ -179,9 +201,9 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
         while j < e {
             let nc = CHUNK.min(e - j);
             let row0 = seg.start + (j - seg_lo);
-            let kc = &b.k[row0 * hd..(row0 + nc) * hd];
+            let kc = &bk[row0 * hd..(row0 + nc) * hd];
             // Rows whose XNN_EXTRA_BYTES over-read stays inside this head's K slice.
-            let direct = if (row0 + nc) * hd + PAD <= b.k.len() {
+            let direct = if (row0 + nc) * hd + PAD <= bk.len() {
                 nc
             } else {
                 nc - 1
@@ -235,7 +257,7 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
             }
             if any {
                 // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d], in 8-key strips.
-                let vc = &b.v[row0 * hd..(row0 + nc) * hd];
+                let vc = &bv[row0 * hd..(row0 + nc) * hd];
                 transpose(vc, nc, hd, &mut xs.vt);
                 // SAFETY: st holds nc * nr floats = [in = nc, out = nr].
                 let op2 = unsafe {

@@ -22,7 +22,7 @@ pub struct CellStepPlan<'a> {
     pub(super) cells: &'a [u32],
     pub(super) positions: &'a [usize],
     pub(super) seq_ids: &'a [SeqId],
-    pub(super) slots: &'a [u32],
+    pub(super) seq_indices: &'a [u32],
     pub(super) seqs: &'a [Seq],
     pub(super) read_len: usize,
     pub(super) policy: LayerPolicy,
@@ -36,7 +36,7 @@ pub(super) fn visible_range(
     window: Option<usize>,
 ) -> std::collections::vec_deque::Iter<'_, Entry> {
     // pos(j) > pos - window  <=>  pos(j) >= pos + 1 - window
-    let lo = window.map_or(0, |w| pos.saturating_add(1).saturating_sub(w));
+    let lo = crate::window::first_visible(pos, window);
     let a = list.partition_point(|e| e.pos < lo);
     let b = list.partition_point(|e| e.pos <= pos);
     list.range(a..b.max(a))
@@ -95,7 +95,7 @@ impl<'a> CellStepPlan<'a> {
     /// O(k + r log r) for k visible cells forming r runs in position order,
     /// never O(n_cells).
     pub fn visible_into(&self, i: usize, out: &mut Vec<Run>) -> Result<()> {
-        let (slot, pos) = match (self.slots.get(i), self.positions.get(i)) {
+        let (ix, pos) = match (self.seq_indices.get(i), self.positions.get(i)) {
             (Some(s), Some(p)) => (*s as usize, *p),
             _ => {
                 return Err(CacheError::InvalidArgument(format!(
@@ -106,7 +106,7 @@ impl<'a> CellStepPlan<'a> {
         };
         let list = self
             .seqs
-            .get(slot)
+            .get(ix)
             .and_then(|s| s.lists.get(self.table))
             .ok_or_else(|| {
                 CacheError::InvalidArgument(format!("visible: token {i} has no sequence state"))
@@ -151,8 +151,8 @@ fn merge_adjacent(runs: &mut [Run]) -> usize {
             prev.len += cur.len;
         } else {
             w += 1;
-            if let Some(slot) = runs.get_mut(w) {
-                *slot = cur;
+            if let Some(run) = runs.get_mut(w) {
+                *run = cur;
             }
         }
     }

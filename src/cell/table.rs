@@ -1,7 +1,7 @@
 //! One cell table: per-cell position, owner bitset and free bitmap.
 //!
 //! Arithmetic here is on cell indices and counts: cells < n_cells <= MAX_CELLS
-//! (2^31), owner slots < n_seq_max <= MAX_SEQS (2^16), and
+//! (2^31), owner indices < n_seq_max <= MAX_SEQS (2^16), and
 //! n_cells * words <= MAX_OWNER_WORDS (all checked by `CellCache::new`), so no
 //! index or count below can overflow; subtractions are guarded by the loop
 //! conditions next to them (`used_end > 0`, `occupied != 0`, `tail != 0`).
@@ -12,7 +12,7 @@ pub(crate) const FREE: usize = usize::MAX;
 
 /// `n_cells` cells, each free or holding one position and a non-empty owner set.
 ///
-/// Owners are sequence *slots* (not ids), one bit each, `words` u64 words per
+/// Owners are sequence *indices* (not ids), one bit each, `words` u64 words per
 /// cell. `free_bits` has a 1 for every free cell; bits past `n_cells` are 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Table {
@@ -87,10 +87,10 @@ impl Table {
             if *word != 0 {
                 let bit = word.trailing_zeros() as usize;
                 let cell = w * 64 + bit;
-                let slot = self.pos.get_mut(cell)?;
+                let held = self.pos.get_mut(cell)?;
                 let id = u32::try_from(cell).ok()?;
                 *word &= !(1u64 << bit);
-                *slot = pos;
+                *held = pos;
                 self.n_free = self.n_free.saturating_sub(1);
                 self.hint = cell + 1;
                 self.used_end = self.used_end.max(cell + 1);
@@ -102,15 +102,15 @@ impl Table {
         None
     }
 
-    fn owner_word(&self, cell: usize, slot: usize) -> Option<u64> {
+    fn owner_word(&self, cell: usize, ix: usize) -> Option<u64> {
         self.owners
-            .get(cell.checked_mul(self.words)? + slot / 64)
+            .get(cell.checked_mul(self.words)? + ix / 64)
             .copied()
     }
 
-    pub(crate) fn owns(&self, cell: usize, slot: usize) -> bool {
-        self.owner_word(cell, slot)
-            .is_some_and(|w| w & (1u64 << (slot % 64)) != 0)
+    pub(crate) fn owns(&self, cell: usize, ix: usize) -> bool {
+        self.owner_word(cell, ix)
+            .is_some_and(|w| w & (1u64 << (ix % 64)) != 0)
     }
 
     /// The owner word range of `cell`.
@@ -121,11 +121,11 @@ impl Table {
             .unwrap_or(&[])
     }
 
-    /// Sets `slot`'s bit on an occupied cell.
-    pub(crate) fn add_owner(&mut self, cell: usize, slot: usize) {
-        let idx = cell.saturating_mul(self.words).saturating_add(slot / 64);
+    /// Sets `ix`'s bit on an occupied cell.
+    pub(crate) fn add_owner(&mut self, cell: usize, ix: usize) {
+        let idx = cell.saturating_mul(self.words).saturating_add(ix / 64);
         if let Some(w) = self.owners.get_mut(idx) {
-            let bit = 1u64 << (slot % 64);
+            let bit = 1u64 << (ix % 64);
             if *w & bit == 0 {
                 *w |= bit;
                 if let Some(n) = self.n_owners.get_mut(cell) {
@@ -135,13 +135,13 @@ impl Table {
         }
     }
 
-    /// Clears `slot`'s bit; a cell whose owner set empties is freed.
-    pub(crate) fn remove_owner(&mut self, cell: usize, slot: usize) {
-        let idx = cell.saturating_mul(self.words).saturating_add(slot / 64);
+    /// Clears `ix`'s bit; a cell whose owner set empties is freed.
+    pub(crate) fn remove_owner(&mut self, cell: usize, ix: usize) {
+        let idx = cell.saturating_mul(self.words).saturating_add(ix / 64);
         let Some(w) = self.owners.get_mut(idx) else {
             return;
         };
-        let bit = 1u64 << (slot % 64);
+        let bit = 1u64 << (ix % 64);
         if *w & bit == 0 {
             return;
         }

@@ -1,19 +1,25 @@
-//! A fixed-size f32 buffer shared between a pool and the views handed out of it.
+//! A fixed-size byte buffer shared between a pool and the views handed out of it.
 //!
 //! The pool writes into it in place (through `&mut Pool`); read-only views
 //! (Python numpy arrays) hold an `Arc` so the memory outlives growth, `clear`
 //! and the cache itself. Growth allocates a new buffer; old views keep the old
 //! one, whose bytes no longer change.
+//!
+//! The memory is 64-byte aligned, so a float32 pool can be read as `f32` and
+//! a half pool as `u16` in place.
 
 use std::alloc::Layout;
 use std::sync::Arc;
 
 use crate::error::{CacheError, Result};
 
-/// Heap memory for `len` f32 values, freed when the last `Arc` goes.
+/// Alignment of every buffer (a cache line; enough for any element type).
+const ALIGN: usize = 64;
+
+/// Heap memory for `len` bytes, freed when the last `Arc` goes.
 #[derive(Debug)]
 pub struct Buffer {
-    ptr: *mut f32,
+    ptr: *mut u8,
     len: usize,
 }
 
@@ -26,32 +32,31 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    /// A zero-filled buffer; `OutOfCapacity` when the allocator refuses it
-    /// (a huge but valid config must not abort the process). Zeroed pages come
-    /// from the allocator (`alloc_zeroed`), so a large pool is not touched
-    /// until rows are written.
+    /// A zero-filled buffer of `len` bytes; `OutOfCapacity` when the allocator
+    /// refuses it (a huge but valid config must not abort the process). Zeroed
+    /// pages come from the allocator (`alloc_zeroed`), so a large pool is not
+    /// touched until rows are written.
     pub fn zeroed(len: usize) -> Result<Arc<Self>> {
         let refuse = |why: &str| {
-            CacheError::OutOfCapacity(format!(
-                "pool: cannot allocate {len} f32 values ({} bytes): {why}",
-                len.saturating_mul(std::mem::size_of::<f32>())
-            ))
+            CacheError::OutOfCapacity(format!("pool: cannot allocate {len} bytes: {why}"))
         };
         if len == 0 {
             return Ok(Arc::new(Buffer {
-                ptr: std::ptr::NonNull::<f32>::dangling().as_ptr(),
+                // A dangling but aligned pointer: every typed view of it is valid and empty.
+                ptr: std::ptr::without_provenance_mut(ALIGN),
                 len,
             }));
         }
-        let layout = Layout::array::<f32>(len).map_err(|_| refuse("size overflows"))?;
+        let layout = Layout::from_size_align(len, ALIGN).map_err(|_| refuse("size overflows"))?;
         // SAFETY: the layout has a non-zero size (len > 0).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
             return Err(refuse("the allocator refused"));
         }
         Ok(Arc::new(Buffer { ptr, len }))
     }
 
+    /// Bytes held.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -60,17 +65,18 @@ impl Buffer {
         self.len == 0
     }
 
-    pub fn as_ptr(&self) -> *const f32 {
+    /// The first byte (64-byte aligned).
+    pub fn as_ptr(&self) -> *const u8 {
         self.ptr
     }
 
-    pub(crate) fn as_mut_ptr(&self) -> *mut f32 {
+    pub(crate) fn as_mut_ptr(&self) -> *mut u8 {
         self.ptr
     }
 
-    /// The whole buffer as a slice.
-    pub fn as_slice(&self) -> &[f32] {
-        // SAFETY: ptr/len come from a live Box<[f32]> owned by self; writers
+    /// The whole buffer as bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: ptr/len describe one live allocation owned by self; writers
         // need `&mut Pool`, which cannot coexist with this borrow of the pool.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
@@ -81,9 +87,9 @@ impl Drop for Buffer {
         if self.len == 0 {
             return;
         }
-        if let Ok(layout) = Layout::array::<f32>(self.len) {
+        if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {
             // SAFETY: ptr was returned by alloc_zeroed with this very layout.
-            unsafe { std::alloc::dealloc(self.ptr as *mut u8, layout) };
+            unsafe { std::alloc::dealloc(self.ptr, layout) };
         }
     }
 }

@@ -5,6 +5,7 @@
 use super::{check_rows, LayerPools, Pool};
 use crate::cell::{CellCache, CellStepPlan, SeqId};
 use crate::config::CacheConfig;
+use crate::dtype::RowsIn;
 use crate::error::{CacheError, Result};
 use crate::runs::Run;
 use crate::spec::{AttendSpec, KeyLayout};
@@ -89,10 +90,21 @@ impl KvCellCache {
     /// `[n_kv_heads, n_tokens, head_dim]`) to the tokens' cells and returns the
     /// spec. Refused calls write nothing.
     pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
+        self.update_rows(layer, RowsIn::F32(k_new), RowsIn::F32(v_new))
+    }
+
+    /// [`Self::update`] with rows in any input type ([`RowsIn`]: float32,
+    /// float16 or bfloat16 bits), each rounded once into the pool's dtype.
+    pub fn update_rows(
+        &mut self,
+        layer: usize,
+        k_new: RowsIn<'_>,
+        v_new: RowsIn<'_>,
+    ) -> Result<AttendSpec<'_>> {
         let plan = self.cells.plan(layer)?;
         let pool = self.pools.get_mut(layer)?;
         let t = plan.n_tokens();
-        check_rows(k_new, v_new, pool.n_heads(), t, pool.head_dim())?;
+        check_rows(&k_new, &v_new, pool.n_heads(), t, pool.head_dim())?;
         let max_cell = plan
             .cells()
             .iter()
@@ -112,7 +124,7 @@ impl KvCellCache {
             {
                 n = n.saturating_add(1);
             }
-            pool.write_rows(k_new, v_new, t, i, start, n)?;
+            pool.write_rows_in(k_new, v_new, t, i, start, n)?;
             i = i.saturating_add(n);
         }
         self.spec(layer)

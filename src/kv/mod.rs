@@ -11,16 +11,17 @@ mod seq;
 
 pub use buffer::Buffer;
 pub use cell::KvCellCache;
-pub use pool::Pool;
+pub use pool::{Pool, Side};
 pub use pools::LayerPools;
 pub use seq::KvSequenceCache;
 
+use crate::dtype::RowsIn;
 use crate::error::{CacheError, Result};
 
-/// Checks that `k_new`/`v_new` hold `[n_heads, n_tokens, head_dim]` f32 values.
+/// Checks that `k_new`/`v_new` hold `[n_heads, n_tokens, head_dim]` values.
 pub(crate) fn check_rows(
-    k_new: &[f32],
-    v_new: &[f32],
+    k_new: &RowsIn<'_>,
+    v_new: &RowsIn<'_>,
     n_heads: usize,
     n_tokens: usize,
     head_dim: usize,

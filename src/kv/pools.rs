@@ -20,30 +20,36 @@ impl LayerPools {
         for layer in 0..cfg.n_layers {
             let l = cfg.layer(layer)?;
             let depth = depth(cfg, layer)?;
-            pools.push(Pool::new(
+            pools.push(Pool::with_dtypes(
                 l.n_kv_heads,
                 l.head_dim,
                 cfg.initial_capacity.min(depth),
                 depth,
+                cfg.k_dtype,
+                cfg.v_dtype,
             )?);
         }
         Ok(LayerPools(pools))
     }
 
-    fn layer_error(&self, layer: usize) -> CacheError {
+    fn layer_error(layer: usize, n_layers: usize) -> CacheError {
         CacheError::InvalidArgument(format!(
-            "layer {layer} out of range: the cache has {} layers",
-            self.0.len()
+            "layer {layer} out of range: the cache has {n_layers} layers"
         ))
     }
 
     pub fn get(&self, layer: usize) -> Result<&Pool> {
-        self.0.get(layer).ok_or_else(|| self.layer_error(layer))
+        self.0
+            .get(layer)
+            .ok_or_else(|| Self::layer_error(layer, self.0.len()))
     }
 
     pub fn get_mut(&mut self, layer: usize) -> Result<&mut Pool> {
-        let err = self.layer_error(layer);
-        self.0.get_mut(layer).ok_or(err)
+        // The message is built only on the error path: update allocates nothing.
+        let n_layers = self.0.len();
+        self.0
+            .get_mut(layer)
+            .ok_or_else(|| Self::layer_error(layer, n_layers))
     }
 
     /// Bytes the pools of `layer` hold.

@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use super::{check_rows, LayerPools, Pool};
 use crate::config::CacheConfig;
+use crate::dtype::RowsIn;
 use crate::error::Result;
 use crate::runs::Runs;
 use crate::sequence::{SeqStepPlan, SequenceCache};
@@ -111,9 +112,26 @@ impl KvSequenceCache {
     /// `[n_kv_heads, n_tokens, head_dim]`, row-major) and returns its spec.
     /// Refused calls write nothing.
     pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
+        self.update_rows(layer, RowsIn::F32(k_new), RowsIn::F32(v_new))
+    }
+
+    /// [`Self::update`] with rows in any input type ([`RowsIn`]: float32,
+    /// float16 or bfloat16 bits), each rounded once into the pool's dtype.
+    pub fn update_rows(
+        &mut self,
+        layer: usize,
+        k_new: RowsIn<'_>,
+        v_new: RowsIn<'_>,
+    ) -> Result<AttendSpec<'_>> {
         let plan = self.seq.plan(layer)?;
         let pool = self.pools.get_mut(layer)?;
-        check_rows(k_new, v_new, pool.n_heads(), plan.n_tokens, pool.head_dim())?;
+        check_rows(
+            &k_new,
+            &v_new,
+            pool.n_heads(),
+            plan.n_tokens,
+            pool.head_dim(),
+        )?;
         let needed = plan
             .write
             .as_slice()
@@ -124,7 +142,7 @@ impl KvSequenceCache {
         pool.ensure(needed)?;
         let mut t0 = 0;
         for run in plan.write.as_slice() {
-            pool.write_rows(k_new, v_new, plan.n_tokens, t0, run.start, run.len)?;
+            pool.write_rows_in(k_new, v_new, plan.n_tokens, t0, run.start, run.len)?;
             t0 = t0.saturating_add(run.len);
         }
         self.spec_for(layer, &plan)

@@ -42,7 +42,7 @@ impl SeqStepPlan {
             },
             LayerPolicy::Ring { window } => {
                 // The earliest query (at `position`) needs keys from position - window + 1.
-                let lo = position.saturating_add(1).saturating_sub(window);
+                let lo = crate::window::first_visible(position, Some(window));
                 let mask = if n == 1 {
                     MaskKind::None
                 } else if end.saturating_sub(lo) <= window {

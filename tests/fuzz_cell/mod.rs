@@ -138,7 +138,7 @@ pub fn run(data: &[u8]) -> (usize, usize) {
 #[derive(PartialEq, Debug)]
 struct Snapshot {
     cells: CellCache,
-    pools: Vec<(usize, Vec<f32>, Vec<f32>)>,
+    pools: Vec<(usize, Vec<u8>, Vec<u8>)>,
 }
 
 impl Harness {
@@ -148,7 +148,7 @@ impl Harness {
             pools: (0..self.policies.len())
                 .map(|l| {
                     let p = self.c.pool(l).unwrap();
-                    (p.slots(), p.k().to_vec(), p.v().to_vec())
+                    (p.slots(), p.k().bytes.to_vec(), p.v().bytes.to_vec())
                 })
                 .collect(),
         }
@@ -449,7 +449,7 @@ impl Harness {
                         for hh in 0..heads {
                             let at = (hh * spec.slots + j) * dim;
                             assert_eq!(
-                                &spec.k[at..at + dim],
+                                &spec.k.f32().unwrap()[at..at + dim],
                                 &row[hh * dim..(hh + 1) * dim],
                                 "K row of seq {s} pos {p} (cell {j}, layer {layer})"
                             );
@@ -457,7 +457,7 @@ impl Harness {
                                 .iter()
                                 .map(|x| 2.0 * x + 1.0)
                                 .collect();
-                            assert_eq!(&spec.v[at..at + dim], wv.as_slice());
+                            assert_eq!(&spec.v.f32().unwrap()[at..at + dim], wv.as_slice());
                         }
                     }
                 }

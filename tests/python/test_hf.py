@@ -394,3 +394,46 @@ def test_a_crop_after_a_batch_op_finds_every_held_row_reordered(op):
     want = torch.cat([hist[:, :, 15:22], new], dim=2)
     torch.testing.assert_close(ko, want, atol=0, rtol=0)
     torch.testing.assert_close(vo, -want, atol=0, rtol=0)
+
+
+def test_pools_default_to_the_model_dtype_and_views_stay_zero_copy():
+    for dtype, name in [(torch.bfloat16, "bfloat16"), (torch.float16, "float16")]:
+        cache = OffgraphCache(make("llama").config)
+        k = torch.randn(1, 2, 5, 16).to(dtype)
+        ko, vo = cache.update(k, k * 2, 0)
+        spec = cache.layers[0].kv.spec(0)
+        assert (spec.k_dtype, spec.v_dtype) == (name, name)
+        assert ko.dtype == dtype and torch.equal(ko, k) and torch.equal(vo, k * 2)
+        assert np.shares_memory(ko.view(torch.int16).numpy(), spec.k)
+        # layer 0 only (layer 1 not initialised yet): K + V, 2 heads, slots, 16 values, 2 bytes
+        assert cache.nbytes() == 2 * 2 * spec.slots * 16 * 2
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16", "q8_0"])
+def test_kv_dtype_by_name_offgraph_attention_matches_sdpa_over_the_same_rows(kv_dtype):
+    # head_dim 32 so q8_0 applies; both runs read the same rounded rows, so their logits agree
+    # to float32 accumulation order, and both stay close to a float32 cache.
+    cfg = LlamaConfig(**{**TINY, "head_dim": 32, "hidden_size": 128})
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = prompt(20)
+    outs = {}
+    for attn in ["sdpa", ATTN_NAME]:
+        model.set_attn_implementation(attn)
+        cache = OffgraphCache(model.config, kv_dtype=kv_dtype)
+        with torch.no_grad():
+            a = model(ids[:, :12], cache=cache).logits
+            b = model(ids[:, 12:], cache=cache).logits
+        assert cache.layers[0].kv.spec(0).k_dtype == kv_dtype
+        outs[attn] = torch.cat([a, b], dim=1)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        ref = model(ids, cache=DynamicCache(config=model.config)).logits
+    torch.testing.assert_close(outs[ATTN_NAME], outs["sdpa"], atol=2e-4, rtol=1e-4)
+    tol = {"float16": 5e-3, "bfloat16": 3e-2, "q8_0": 3e-2}[kv_dtype]
+    assert (outs["sdpa"] - ref).abs().max().item() < tol
+
+
+def test_unknown_kv_dtype_is_refused():
+    with pytest.raises(okv.ConfigError, match="kv_dtype"):
+        OffgraphCache(make("llama").config, kv_dtype="int4")

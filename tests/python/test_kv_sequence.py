@@ -89,8 +89,8 @@ def test_bad_rows_are_refused_and_write_nothing():
     before = kv.spec(0).k.copy()
 
     cases = [
-        (okv.DTypeError, "float32, got float64", good.astype(np.float64)),
-        (okv.DTypeError, "got float16", good.astype(np.float16)),
+        (okv.DTypeError, "float32, float16 or bfloat16, got float64", good.astype(np.float64)),
+        (okv.DTypeError, "got uint16", good.astype(np.uint16)),
         (okv.DTypeError, "got int32", good.astype(np.int32)),
         (okv.DTypeError, "got list", good.tolist()),
         (okv.ShapeError, r"\[2, 2, 4\], got \[2, 2, 5\]", np.ones((2, 2, 5), np.float32)),

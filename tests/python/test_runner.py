@@ -1,4 +1,4 @@
-"""The Rust runner (``examples/runner.rs``) at a tiny size: it builds, runs the
+"""The Rust runner (``examples/runner/``) at a tiny size: it builds, runs the
 demo's workload through the crate's API, and its output matches the float64
 reference of the same workload and the Python demo's tokens; bad flags get a
 usage error; the core crate's dependency tree has no pyo3."""

@@ -127,35 +127,129 @@ pub fn f32_rows(
     Ok(t)
 }
 
+/// A step's new rows, copied out of the caller's array in its own type.
+pub enum OwnedRows {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    Bf16(Vec<u16>),
+}
+
+impl OwnedRows {
+    pub fn as_rows(&self) -> offgraph_kv::RowsIn<'_> {
+        match self {
+            OwnedRows::F32(v) => offgraph_kv::RowsIn::F32(v),
+            OwnedRows::F16(v) => offgraph_kv::RowsIn::F16(v),
+            OwnedRows::Bf16(v) => offgraph_kv::RowsIn::Bf16(v),
+        }
+    }
+}
+
+/// One K or V argument: numpy float32, float16 or bfloat16 (`ml_dtypes`),
+/// or raw bfloat16 bits (uint16/int16) when `bits == Some("bfloat16")`.
+/// Half inputs are reinterpreted as their 16-bit patterns (no float32 copy).
+fn typed_rows(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    layer: &offgraph_kv::LayerConfig,
+    tokens: usize,
+    bits: Option<&str>,
+) -> PyResult<OwnedRows> {
+    let (heads, dim) = (layer.n_kv_heads, layer.head_dim);
+    let arr = obj.cast::<PyUntypedArray>().map_err(|_| {
+        dtype_err(format!(
+            "{what}: expected a float32, float16 or bfloat16 numpy array, got {}",
+            type_name(obj)
+        ))
+    })?;
+    let name = arr.dtype().str()?.to_string();
+    let kind = match (name.as_str(), bits) {
+        ("float32", None) => {
+            let mut out = Vec::new();
+            f32_rows(obj, what, heads, dim, Some(tokens), &mut out)?;
+            return Ok(OwnedRows::F32(out));
+        }
+        ("float16", None) => "float16",
+        ("bfloat16", None) => "bfloat16",
+        ("uint16" | "int16", Some("bfloat16")) => "bfloat16",
+        (_, Some(b)) if b != "bfloat16" => {
+            return Err(invalid_arg(format!(
+                "bits: expected None or \"bfloat16\", got {b:?}"
+            )))
+        }
+        (other, Some(_)) => {
+            return Err(dtype_err(format!(
+                "{what}: bits=\"bfloat16\" expects a uint16 or int16 array, got dtype {other}"
+            )))
+        }
+        (other, None) => {
+            return Err(dtype_err(format!(
+                "{what}: expected dtype float32, float16 or bfloat16, got {other}"
+            )))
+        }
+    };
+    // Reinterpret the 16-bit values as uint16 (C order; a copy only when the
+    // input is not C-contiguous).
+    let np = obj.py().import("numpy")?;
+    let u16s = np
+        .call_method1("ascontiguousarray", (obj,))?
+        .call_method1("view", (np.getattr("uint16")?,))?;
+    let mut out = Vec::new();
+    u16_rows(&u16s, what, heads, dim, tokens, &mut out)?;
+    Ok(match kind {
+        "float16" => OwnedRows::F16(out),
+        _ => OwnedRows::Bf16(out),
+    })
+}
+
+/// A uint16 `[heads, T, dim]` (or `[1, heads, T, dim]`) array copied into `out`.
+fn u16_rows(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    heads: usize,
+    dim: usize,
+    tokens: usize,
+    out: &mut Vec<u16>,
+) -> PyResult<()> {
+    let arr = obj
+        .cast::<PyArrayDyn<u16>>()
+        .map_err(|_| dtype_err(format!("{what}: expected 16-bit values")))?;
+    let shape = arr.shape().to_vec();
+    let ok = match shape.as_slice() {
+        [1, h, t, d] | [h, t, d] => *h == heads && *t == tokens && *d == dim,
+        _ => false,
+    };
+    if !ok {
+        return Err(shape_err(format!(
+            "{what}: expected shape [{heads}, {tokens}, {dim}], got {shape:?}"
+        )));
+    }
+    let ro = arr
+        .try_readonly()
+        .map_err(|e| invalid_arg(format!("{what}: {e}")))?;
+    out.clear();
+    match ro.as_slice() {
+        Ok(s) if arr.is_c_contiguous() => out.extend_from_slice(s),
+        _ => out.extend(ro.as_array().iter().copied()),
+    }
+    Ok(())
+}
+
 /// A step's new K and V rows for a layer of `layer` geometry and `tokens`
-/// tokens, each checked by [`f32_rows`] and copied out of the arrays. The copy
-/// is deliberate: an input may be a view of the very pool it is written into
-/// (`spec.k[:, a:b]` with one head is contiguous), and the pool write is a
-/// non-overlapping memcpy.
+/// tokens, each checked and copied out of the arrays in its own type (float32,
+/// float16, bfloat16; see [`typed_rows`]). The copy is deliberate: an input may
+/// be a view of the very pool it is written into (`spec.k[:, a:b]` with one
+/// head is contiguous), and the pool write is a non-overlapping copy.
 pub fn kv_rows(
     k: &Bound<'_, PyAny>,
     v: &Bound<'_, PyAny>,
     layer: &offgraph_kv::LayerConfig,
     tokens: usize,
-) -> PyResult<(Vec<f32>, Vec<f32>)> {
-    let (mut kb, mut vb) = (Vec::new(), Vec::new());
-    f32_rows(
-        k,
-        "k",
-        layer.n_kv_heads,
-        layer.head_dim,
-        Some(tokens),
-        &mut kb,
-    )?;
-    f32_rows(
-        v,
-        "v",
-        layer.n_kv_heads,
-        layer.head_dim,
-        Some(tokens),
-        &mut vb,
-    )?;
-    Ok((kb, vb))
+    bits: Option<&str>,
+) -> PyResult<(OwnedRows, OwnedRows)> {
+    Ok((
+        typed_rows(k, "k", layer, tokens, bits)?,
+        typed_rows(v, "v", layer, tokens, bits)?,
+    ))
 }
 
 /// `None` or the value, as Python spells it in a repr.

@@ -1,6 +1,6 @@
 //! `Flat`, `Ring`, `LayerConfig`, `CacheConfig`.
 
-use offgraph_kv::{CacheConfig, LayerConfig, LayerPolicy};
+use offgraph_kv::{CacheConfig, KvDtype, LayerConfig, LayerPolicy};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -145,13 +145,17 @@ pub struct PyCacheConfig {
 #[pymethods]
 impl PyCacheConfig {
     #[new]
-    #[pyo3(signature = (capacity, n_layers, layers, initial_capacity=None, max_step=None))]
+    #[pyo3(signature = (capacity, n_layers, layers, initial_capacity=None, max_step=None, dtype=None, k_dtype=None, v_dtype=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         capacity: &Bound<'_, PyAny>,
         n_layers: &Bound<'_, PyAny>,
         layers: &Bound<'_, PyAny>,
         initial_capacity: Option<&Bound<'_, PyAny>>,
         max_step: Option<&Bound<'_, PyAny>>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        k_dtype: Option<&Bound<'_, PyAny>>,
+        v_dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let capacity = cfg_index(capacity, "capacity")?;
         let n_layers = cfg_index(n_layers, "n_layers")?;
@@ -177,6 +181,9 @@ impl PyCacheConfig {
         if let Some(ms) = max_step.filter(|o| !o.is_none()) {
             cfg.max_step = cfg_index(ms, "max_step")?;
         }
+        let both = kv_dtype(dtype, "dtype")?.unwrap_or_default();
+        cfg.k_dtype = kv_dtype(k_dtype, "k_dtype")?.unwrap_or(both);
+        cfg.v_dtype = kv_dtype(v_dtype, "v_dtype")?.unwrap_or(both);
         Ok(PyCacheConfig { inner: cfg })
     }
 
@@ -211,6 +218,16 @@ impl PyCacheConfig {
     fn max_step(&self) -> usize {
         self.inner.max_step
     }
+    /// The K pools' storage type ("float32", "float16", "bfloat16", "q8_0").
+    #[getter]
+    fn k_dtype(&self) -> &'static str {
+        self.inner.k_dtype.name()
+    }
+    /// The V pools' storage type.
+    #[getter]
+    fn v_dtype(&self) -> &'static str {
+        self.inner.v_dtype.name()
+    }
     /// Pool depth in slots of a layer (flat: capacity; ring: window + max_step - 1).
     fn depth(&self, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let layer = crate::args::index(layer, "layer")?;
@@ -232,12 +249,29 @@ impl PyCacheConfig {
             })
             .collect();
         format!(
-            "CacheConfig(capacity={}, n_layers={}, layers=[{}], initial_capacity={}, max_step={})",
+            "CacheConfig(capacity={}, n_layers={}, layers=[{}], initial_capacity={}, max_step={}, k_dtype={:?}, v_dtype={:?})",
             self.inner.capacity,
             self.inner.n_layers,
             layers.join(", "),
             self.inner.initial_capacity,
-            self.inner.max_step
+            self.inner.max_step,
+            self.inner.k_dtype.name(),
+            self.inner.v_dtype.name()
         )
+    }
+}
+
+/// A dtype name (`None` or absent stays `None`); an unknown name is `ConfigError`.
+fn kv_dtype(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<KvDtype>> {
+    match obj.filter(|o| !o.is_none()) {
+        None => Ok(None),
+        Some(o) => {
+            let name = crate::args::text(o, what)?;
+            KvDtype::parse(&name).map(Some).map_err(|_| {
+                config_err(format!(
+                    "{what}: expected one of \"float32\", \"float16\", \"bfloat16\", \"q8_0\", got {name:?}"
+                ))
+            })
+        }
     }
 }

@@ -10,6 +10,7 @@ mod errors;
 mod registry;
 mod sequence;
 mod spec;
+mod window;
 
 use pyo3::prelude::*;
 
@@ -32,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cell::PyCellStepPlan>()?;
     m.add_function(wrap_pyfunction!(attention::attend, m)?)?;
     m.add_class::<spec::PoolBuffer>()?;
+    m.add_function(wrap_pyfunction!(spec::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(registry::install, m)?)?;
     m.add_function(wrap_pyfunction!(registry::get, m)?)?;
     m.add_function(wrap_pyfunction!(registry::erase, m)?)?;
@@ -41,6 +43,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::unique_key, m)?)?;
     m.add_function(wrap_pyfunction!(registry::register_builder, m)?)?;
     m.add_function(wrap_pyfunction!(registry::build, m)?)?;
+    m.add_function(wrap_pyfunction!(window::ring_keep, m)?)?;
+    m.add_function(wrap_pyfunction!(window::first_visible, m)?)?;
+    m.add_function(wrap_pyfunction!(window::cells_for_forks, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -240,22 +240,32 @@ impl PyKvSequenceCache {
     }
 
     /// Writes the open step's rows of `layer` and returns its AttendSpec.
-    /// `k`, `v`: float32 `[n_kv_heads, T, head_dim]` (a leading batch of 1 is
-    /// accepted; non-contiguous input is copied). A refused call writes nothing.
+    /// `k`, `v`: `[n_kv_heads, T, head_dim]` float32, float16 or bfloat16
+    /// (`ml_dtypes`), or uint16 bfloat16 bits with `bits="bfloat16"` (a leading
+    /// batch of 1 is accepted; non-contiguous input is copied). Rows are rounded
+    /// once into the pool's dtype. A refused call writes nothing.
+    #[pyo3(signature = (layer, k, v, *, bits=None))]
     fn update(
         slf: &Bound<'_, Self>,
         layer: &Bound<'_, PyAny>,
         k: &Bound<'_, PyAny>,
         v: &Bound<'_, PyAny>,
+        bits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
+        let bits = match bits.filter(|b| !b.is_none()) {
+            Some(b) => Some(crate::args::text(b, "bits")?),
+            None => None,
+        };
         let owner: Py<PyAny> = slf.clone().into_any().unbind();
         let mut this = rw(slf.as_super(), "update")?;
         let cache = kv_mut(&mut this)?;
         let plan = cache.plan(layer).py_err()?;
         let l = *cache.config().layer(layer).py_err()?;
-        let (kb, vb) = crate::args::kv_rows(k, v, &l, plan.n_tokens)?;
-        cache.update(layer, &kb, &vb).py_err()?;
+        let (kb, vb) = crate::args::kv_rows(k, v, &l, plan.n_tokens, bits.as_deref())?;
+        cache
+            .update_rows(layer, kb.as_rows(), vb.as_rows())
+            .py_err()?;
         PyAttendSpec::from_seq(owner, cache, layer)
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use numpy::ndarray::ArrayView3;
 use numpy::PyArray3;
 use offgraph_kv::kv::Buffer;
-use offgraph_kv::{KeyLayout, KvCellCache, KvSequenceCache};
+use offgraph_kv::{KeyLayout, KvCellCache, KvDtype, KvSequenceCache};
 use pyo3::prelude::*;
 
 use crate::errors::IntoPy;
@@ -27,35 +27,51 @@ pub struct PoolBuffer {
 impl PoolBuffer {
     #[getter]
     fn nbytes(&self) -> usize {
-        self.buf.len() * 4
+        self.buf.len()
     }
 }
 
-/// A read-only `[heads, slots, dim]` numpy view of `buf`.
+/// A read-only numpy view of `buf` holding `[heads, slots, head_dim]` values of
+/// `dtype`: float32 and float16 pools as those numpy types, bfloat16 as
+/// `ml_dtypes.bfloat16` when it imports (else uint16 bits), q8_0 as uint8
+/// `[heads, slots, head_dim / 32 * 34]` blocks.
 pub fn view<'py>(
     py: Python<'py>,
     buf: &Arc<Buffer>,
+    dtype: KvDtype,
     shape: (usize, usize, usize),
-) -> PyResult<Bound<'py, PyArray3<f32>>> {
+) -> PyResult<Bound<'py, PyAny>> {
     let (h, s, d) = shape;
-    if h * s * d != buf.len() {
+    let row = dtype.row_bytes(d);
+    if h * s * row != buf.len() {
         return Err(crate::errors::make(
             "StepError",
             format!(
-                "view: shape {shape:?} does not match the buffer ({} values)",
+                "view: shape {shape:?} of {} does not match the buffer ({} bytes)",
+                dtype.name(),
                 buf.len()
             ),
         ));
     }
     let owner = Bound::new(py, PoolBuffer { buf: buf.clone() })?;
-    // SAFETY: ptr is valid for h*s*d f32 (checked above) for as long as `owner`
-    // lives, and numpy keeps `owner` as the array's base.
+    // SAFETY: ptr is valid for h*s*row bytes (checked above) for as long as
+    // `owner` lives, and numpy keeps `owner` as the array's base.
     let arr = unsafe {
-        let v = ArrayView3::from_shape_ptr((h, s, d), buf.as_ptr());
+        let v = ArrayView3::from_shape_ptr((h, s, row), buf.as_ptr());
         PyArray3::borrow_from_array(&v, owner.into_any())
     };
     arr.getattr("flags")?.setattr("writeable", false)?;
-    Ok(arr)
+    let np = py.import("numpy")?;
+    let as_type = |t: Bound<'py, PyAny>| arr.call_method1("view", (t,));
+    match dtype {
+        KvDtype::Float32 => as_type(np.getattr("float32")?),
+        KvDtype::Float16 => as_type(np.getattr("float16")?),
+        KvDtype::Bfloat16 => match py.import("ml_dtypes") {
+            Ok(m) => as_type(m.getattr("bfloat16")?),
+            Err(_) => as_type(np.getattr("uint16")?),
+        },
+        KvDtype::Q8_0 => Ok(arr.into_any()),
+    }
 }
 
 /// What one layer's step may read, with views of the pools.
@@ -75,6 +91,8 @@ pub struct PyAttendSpec {
     pub window: Option<usize>,
     pub k_buf: Arc<Buffer>,
     pub v_buf: Arc<Buffer>,
+    pub k_dtype: KvDtype,
+    pub v_dtype: KvDtype,
     /// Cell steps: the read extent (cells `[0, read_len)`); their mask is explicit.
     pub cell: Option<usize>,
 }
@@ -110,6 +128,8 @@ impl PyAttendSpec {
             window: plan.window(),
             k_buf,
             v_buf,
+            k_dtype: spec.k.dtype,
+            v_dtype: spec.v.dtype,
             cell: None,
         })
     }
@@ -132,6 +152,8 @@ impl PyAttendSpec {
             window: plan.window(),
             k_buf,
             v_buf,
+            k_dtype: spec.k.dtype,
+            v_dtype: spec.v.dtype,
             cell: Some(plan.read_len()),
         })
     }
@@ -139,23 +161,36 @@ impl PyAttendSpec {
 
 #[pymethods]
 impl PyAttendSpec {
-    /// Read-only view of the K pool, `[n_kv_heads, slots, head_dim]`.
+    /// Read-only view of the K pool, `[n_kv_heads, slots, head_dim]` in its
+    /// dtype (q8_0: uint8 blocks `[n_kv_heads, slots, head_dim / 32 * 34]`).
     #[getter]
-    fn k<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray3<f32>>> {
+    fn k<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         view(
             py,
             &self.k_buf,
+            self.k_dtype,
             (self.n_kv_heads, self.slots, self.head_dim),
         )
     }
-    /// Read-only view of the V pool, `[n_kv_heads, slots, head_dim]`.
+    /// Read-only view of the V pool (see `k`).
     #[getter]
-    fn v<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray3<f32>>> {
+    fn v<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         view(
             py,
             &self.v_buf,
+            self.v_dtype,
             (self.n_kv_heads, self.slots, self.head_dim),
         )
+    }
+    /// The K pool's storage type name.
+    #[getter]
+    fn k_dtype(&self) -> &'static str {
+        self.k_dtype.name()
+    }
+    /// The V pool's storage type name.
+    #[getter]
+    fn v_dtype(&self) -> &'static str {
+        self.v_dtype.name()
     }
     #[getter]
     fn slots(&self) -> usize {
@@ -224,4 +259,90 @@ impl PyAttendSpec {
             self.layer, self.slots, self.read, self.read_base_pos, self.positions, self.mask_kind, crate::args::py_opt(self.window)
         )
     }
+}
+
+/// `dequantize(view, dtype)`: a pool view (or any array of stored rows) of
+/// `dtype` as a new float32 `[n_kv_heads, slots, head_dim]` array. `view` is
+/// what `spec.k` / `spec.v` give: float32, float16, bfloat16 (`ml_dtypes` or
+/// uint16 bits) `[h, s, head_dim]`, or q8_0 uint8 `[h, s, head_dim / 32 * 34]`.
+#[pyfunction]
+pub fn dequantize<'py>(
+    py: Python<'py>,
+    view: &Bound<'py, PyAny>,
+    dtype: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArray3<f32>>> {
+    use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+    let name = crate::args::text(dtype, "dtype")?;
+    let dt = KvDtype::parse(&name).map_err(|_| {
+        crate::errors::dtype_err(format!(
+            "dtype: expected one of \"float32\", \"float16\", \"bfloat16\", \"q8_0\", got {name:?}"
+        ))
+    })?;
+    let arr = view
+        .cast::<PyUntypedArray>()
+        .map_err(|_| crate::errors::dtype_err("view: expected a numpy array of stored rows"))?;
+    let got = arr.dtype().str()?.to_string();
+    let want_ok = match dt {
+        KvDtype::Float32 => got == "float32",
+        KvDtype::Float16 => got == "float16",
+        KvDtype::Bfloat16 => got == "bfloat16" || got == "uint16",
+        KvDtype::Q8_0 => got == "uint8",
+    };
+    if !want_ok {
+        return Err(crate::errors::dtype_err(format!(
+            "view: a {} view has dtype {}, got {got}",
+            dt.name(),
+            match dt {
+                KvDtype::Float32 => "float32",
+                KvDtype::Float16 => "float16",
+                KvDtype::Bfloat16 => "bfloat16 or uint16",
+                KvDtype::Q8_0 => "uint8",
+            }
+        )));
+    }
+    let shape = arr.shape().to_vec();
+    let (h, s, last) = match shape.as_slice() {
+        [h, s, d] => (*h, *s, *d),
+        other => {
+            return Err(crate::errors::shape_err(format!(
+                "view: expected shape [n_kv_heads, slots, row], got {other:?}"
+            )))
+        }
+    };
+    let head_dim = match dt {
+        KvDtype::Q8_0 => {
+            if !last.is_multiple_of(offgraph_kv::dtype::Q8_0_BLOCK_BYTES) {
+                return Err(crate::errors::shape_err(format!(
+                    "view: a q8_0 row is a multiple of 34 bytes, got {last}"
+                )));
+            }
+            last / offgraph_kv::dtype::Q8_0_BLOCK_BYTES * offgraph_kv::dtype::QK8_0
+        }
+        _ => last,
+    };
+    let np = py.import("numpy")?;
+    let bytes = np
+        .call_method1("ascontiguousarray", (view,))?
+        .call_method1("view", (np.getattr("uint8")?,))?;
+    let bytes = bytes
+        .cast::<PyArrayDyn<u8>>()
+        .map_err(|_| crate::errors::dtype_err("view: not readable as bytes"))?;
+    let ro = bytes.try_readonly()?;
+    let src = ro
+        .as_slice()
+        .map_err(|e| crate::errors::shape_err(e.to_string()))?;
+    let out = PyArray3::<f32>::zeros(py, [h, s, head_dim], false);
+    {
+        // SAFETY: `out` was just created here and no other reference to it exists.
+        let dst =
+            unsafe { out.as_slice_mut() }.map_err(|e| crate::errors::shape_err(e.to_string()))?;
+        if !offgraph_kv::dtype::decode(dt, src, dst) {
+            return Err(crate::errors::shape_err(format!(
+                "view: {} bytes do not hold {h}*{s} {} rows of {head_dim}",
+                src.len(),
+                dt.name()
+            )));
+        }
+    }
+    Ok(out)
 }

@@ -1,0 +1,166 @@
+//! Decode attention per pool dtype against the memory floor, in one run.
+//!
+//! T = 1, 8 KV heads, 32 query heads, head_dim 128, contexts 2048 and 8192,
+//! 1 and 2 threads, K and V of each dtype (`native`), plus `floor_<dtype>`: a
+//! plain 32-lane streaming read of that dtype's K and V bytes split over the
+//! same threads. Cold cache: every iteration's untimed setup reads a 96 MiB
+//! buffer (3× this machine's L3). It also prints bytes per token of a
+//! Gemma-3-270M-shaped and a Llama-3-8B-shaped cache per dtype.
+//!
+//! `ATTN_BENCH_QUICK=1` shortens warm-up/measurement. Medians are in
+//! target/criterion/precision_threads*/*/new/estimates.json.
+#![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
+use offgraph_kv::dtype::encode;
+use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
+use std::hint::black_box;
+use std::time::Duration;
+
+const N_KV: usize = 8;
+const N_Q: usize = 32;
+const HD: usize = 128;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// Sum with 32 independent lanes so the loop is bound by loads, not add latency.
+fn read_sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    let mut it = x.chunks_exact(32);
+    for c in &mut it {
+        for i in 0..32 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
+}
+
+/// Reads K and V (as f32 words, whatever they store), split over threads.
+fn read_kv(k: &[f32], v: &[f32], threads: usize) -> f32 {
+    if threads == 1 {
+        return read_sum(k) + read_sum(v);
+    }
+    let (pk, pv) = (k.len().div_ceil(threads), v.len().div_ceil(threads));
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let kk = &k[(t * pk).min(k.len())..((t + 1) * pk).min(k.len())];
+                let vv = &v[(t * pv).min(v.len())..((t + 1) * pv).min(v.len())];
+                s.spawn(move || read_sum(kk) + read_sum(vv))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    })
+}
+
+/// A pool of `dtype` rows in f32 words (4-byte aligned storage for its bytes).
+fn pool(dtype: KvDtype, values: &[f32]) -> Vec<f32> {
+    let n = dtype.row_bytes(values.len());
+    let mut words = vec![0f32; n.div_ceil(4)];
+    // SAFETY: the f32 vector holds at least n bytes; u8 has no invalid values.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), n) };
+    assert!(encode(dtype, values, bytes));
+    words
+}
+
+fn bytes_of(words: &[f32], n: usize) -> &[u8] {
+    &KvRows::from_f32(words).bytes[..n]
+}
+
+fn config() -> Criterion {
+    let quick = std::env::var_os("ATTN_BENCH_QUICK").is_some();
+    Criterion::default()
+        .sample_size(if quick { 10 } else { 30 })
+        .warm_up_time(Duration::from_millis(if quick { 200 } else { 1000 }))
+        .measurement_time(Duration::from_millis(if quick { 1500 } else { 4000 }))
+}
+
+fn bytes_per_token() {
+    for (name, layers, heads, hd) in [("gemma-3-270m", 18, 1, 256), ("llama-3-8b", 32, 8, 128)] {
+        let per: Vec<String> = KvDtype::ALL
+            .iter()
+            .map(|d| format!("{} {}", d.name(), 2 * layers * heads * d.row_bytes(hd)))
+            .collect();
+        eprintln!("bytes/token {name} (K+V, all layers): {}", per.join(", "));
+    }
+}
+
+fn decode(c: &mut Criterion) {
+    bytes_per_token();
+    let flush_buf = vec![1.0f32; 24 << 20]; // 96 MiB
+    for threads in [1usize, 2] {
+        let mut g = c.benchmark_group(format!("precision_threads{threads}"));
+        for ctx in [2048usize, 8192] {
+            let kf = data(N_KV * ctx * HD, 1);
+            let vf = data(N_KV * ctx * HD, 2);
+            let q = data(N_Q * HD, 3);
+            let positions = [ctx - 1];
+            let mut out = vec![0f32; q.len()];
+            for dtype in KvDtype::ALL {
+                let n = dtype.row_bytes(HD) * N_KV * ctx;
+                let (k, v) = (pool(dtype, &kf), pool(dtype, &vf));
+                let spec = AttendSpec {
+                    k: KvRows {
+                        dtype,
+                        bytes: bytes_of(&k, n),
+                    },
+                    v: KvRows {
+                        dtype,
+                        bytes: bytes_of(&v, n),
+                    },
+                    n_kv_heads: N_KV,
+                    head_dim: HD,
+                    slots: ctx,
+                    positions: &positions,
+                    keys: KeyLayout::Runs {
+                        read: Runs::one(Run::new(0, ctx)),
+                        read_base_pos: 0,
+                        mask: MaskKind::Causal,
+                    },
+                };
+                g.throughput(Throughput::Bytes((2 * n) as u64));
+                g.bench_function(
+                    BenchmarkId::new(format!("floor_{}", dtype.name()), ctx),
+                    |b| {
+                        b.iter_batched(
+                            || black_box(read_sum(&flush_buf)),
+                            |_| black_box(read_kv(&k, &v, threads)),
+                            BatchSize::PerIteration,
+                        )
+                    },
+                );
+                let opts = AttendOptions {
+                    threads: Some(threads),
+                    backend: Backend::Native,
+                    ..Default::default()
+                };
+                g.bench_function(BenchmarkId::new(dtype.name(), ctx), |b| {
+                    b.iter_batched(
+                        || black_box(read_sum(&flush_buf)),
+                        |_| attend_into(&q, [N_Q, 1, HD], &spec, &opts, &mut out).unwrap(),
+                        BatchSize::PerIteration,
+                    )
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = decode
+}
+criterion_main!(benches);

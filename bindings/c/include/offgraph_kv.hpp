@@ -1,0 +1,433 @@
+// offgraph-kv for C++17: a header-only wrapper over offgraph_kv.h.
+//
+// - RAII: every handle is owned by a move-only object that frees it.
+// - Errors: a failed call throws okv::Error carrying the okv_status and the
+//   library's message (okv_last_error() of the failing thread).
+// - Buffers: okv::span<T> (pointer + size) is built from a pointer and a
+//   length or from any contiguous container with data() and size().
+// - Lifetimes and threads are the C API's: plans' pointers, dense masks and
+//   pool views stay valid until the next mutating call on that cache; one
+//   object must not be used by two threads at once (okv::Error with
+//   OKV_ERR_BUSY says it was).
+#ifndef OFFGRAPH_KV_HPP
+#define OFFGRAPH_KV_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "offgraph_kv.h"
+
+namespace okv {
+
+// A failed call: the status and the library's message.
+class Error : public std::runtime_error {
+public:
+    Error(okv_status status, const std::string &message)
+        : std::runtime_error(std::string(okv_status_name(static_cast<int32_t>(status))) + ": " + message),
+          status_(status) {}
+    okv_status status() const noexcept { return status_; }
+
+private:
+    okv_status status_;
+};
+
+// Throws okv::Error unless `s` is OKV_OK.
+inline void check(okv_status s) {
+    if (s != OKV_OK) throw Error(s, okv_last_error());
+}
+
+// A non-owning view of `size()` contiguous elements.
+template <class T>
+class span {
+public:
+    span() noexcept = default;
+    span(T *data, std::size_t size) noexcept : data_(data), size_(size) {}
+    template <class C, class = std::enable_if_t<std::is_convertible<decltype(std::declval<C &>().data()), T *>::value>>
+    span(C &c) noexcept : data_(c.data()), size_(c.size()) {}  // NOLINT: implicit by design
+    T *data() const noexcept { return data_; }
+    std::size_t size() const noexcept { return size_; }
+    T *begin() const noexcept { return data_; }
+    T *end() const noexcept { return data_ + size_; }
+    T &operator[](std::size_t i) const noexcept { return data_[i]; }
+
+private:
+    T *data_ = nullptr;
+    std::size_t size_ = 0;
+};
+
+inline okv_layer_config flat(std::size_t n_kv_heads, std::size_t head_dim) {
+    return okv_layer_config{OKV_POLICY_FLAT, 0, n_kv_heads, head_dim};
+}
+inline okv_layer_config ring(std::size_t window, std::size_t n_kv_heads, std::size_t head_dim) {
+    return okv_layer_config{OKV_POLICY_RING, window, n_kv_heads, head_dim};
+}
+
+namespace detail {
+template <class H, okv_status (*Free)(H *)>
+struct Deleter {
+    void operator()(H *h) const noexcept { (void)Free(h); }
+};
+template <class H, okv_status (*Free)(H *)>
+using Owned = std::unique_ptr<H, Deleter<H, Free>>;
+}  // namespace detail
+
+// A cache configuration (copied by every cache built from it).
+class Config {
+public:
+    Config(std::size_t capacity, std::size_t n_layers) {
+        okv_config *c = nullptr;
+        check(okv_config_new(capacity, n_layers, &c));
+        h_.reset(c);
+    }
+    // One layer config for every layer, or one per layer.
+    Config &layers(span<const okv_layer_config> ls) {
+        check(okv_config_set_layers(h_.get(), ls.data(), ls.size()));
+        return *this;
+    }
+    Config &layer(const okv_layer_config &l) { return layers(span<const okv_layer_config>(&l, 1)); }
+    Config &max_step(std::size_t n) {
+        check(okv_config_set_max_step(h_.get(), n));
+        return *this;
+    }
+    Config &initial_capacity(std::size_t n) {
+        check(okv_config_set_initial_capacity(h_.get(), n));
+        return *this;
+    }
+    void validate() const { check(okv_config_validate(h_.get())); }
+    std::size_t depth(std::size_t layer) const {
+        std::size_t d = 0;
+        check(okv_config_depth(h_.get(), layer, &d));
+        return d;
+    }
+    const okv_config *get() const noexcept { return h_.get(); }
+
+private:
+    detail::Owned<okv_config, okv_config_free> h_;
+};
+
+namespace detail {
+struct SeqFns {
+    using handle = okv_seq_cache;
+    static constexpr auto make = &okv_seq_cache_new;
+    static constexpr auto free = &okv_seq_cache_free;
+    static constexpr auto length = &okv_seq_cache_length;
+    static constexpr auto capacity = &okv_seq_cache_capacity;
+    static constexpr auto min_rewind = &okv_seq_cache_min_rewind;
+    static constexpr auto can_extend = &okv_seq_cache_can_extend;
+    static constexpr auto begin_step = &okv_seq_cache_begin_step;
+    static constexpr auto rewind = &okv_seq_cache_rewind;
+    static constexpr auto clear = &okv_seq_cache_clear;
+    static constexpr auto plan = &okv_seq_cache_plan;
+};
+struct KvSeqFns {
+    using handle = okv_kv_seq_cache;
+    static constexpr auto make = &okv_kv_seq_cache_new;
+    static constexpr auto free = &okv_kv_seq_cache_free;
+    static constexpr auto length = &okv_kv_seq_cache_length;
+    static constexpr auto capacity = &okv_kv_seq_cache_capacity;
+    static constexpr auto min_rewind = &okv_kv_seq_cache_min_rewind;
+    static constexpr auto can_extend = &okv_kv_seq_cache_can_extend;
+    static constexpr auto begin_step = &okv_kv_seq_cache_begin_step;
+    static constexpr auto rewind = &okv_kv_seq_cache_rewind;
+    static constexpr auto clear = &okv_kv_seq_cache_clear;
+    static constexpr auto plan = &okv_kv_seq_cache_plan;
+};
+
+// The control and planner faces both sequence caches share.
+template <class F>
+class BasicSequenceCache {
+public:
+    using handle_type = typename F::handle;
+    explicit BasicSequenceCache(const Config &cfg) {
+        handle_type *h = nullptr;
+        check(F::make(cfg.get(), &h));
+        h_.reset(h);
+    }
+    std::size_t length() const { return get_size(F::length); }
+    std::size_t capacity() const { return get_size(F::capacity); }
+    std::size_t min_rewind() const { return get_size(F::min_rewind); }
+    bool can_extend(std::size_t n = 1) const {
+        bool ok = false;
+        check(F::can_extend(h_.get(), n, &ok));
+        return ok;
+    }
+    // Admission: commits the step and returns its first position.
+    std::size_t begin_step(std::size_t n_tokens) {
+        std::size_t pos = 0;
+        check(F::begin_step(h_.get(), n_tokens, &pos));
+        return pos;
+    }
+    void rewind(std::size_t new_len) { check(F::rewind(h_.get(), new_len)); }
+    void clear() { check(F::clear(h_.get())); }
+    okv_seq_plan plan(std::size_t layer) const {
+        okv_seq_plan p{};
+        check(F::plan(h_.get(), layer, &p));
+        return p;
+    }
+    handle_type *get() const noexcept { return h_.get(); }
+
+protected:
+    std::size_t get_size(okv_status (*fn)(const handle_type *, std::size_t *)) const {
+        std::size_t n = 0;
+        check(fn(h_.get(), &n));
+        return n;
+    }
+    Owned<handle_type, F::free> h_;
+};
+
+struct CellFns {
+    using handle = okv_cell_cache;
+    static constexpr auto make = &okv_cell_cache_new;
+    static constexpr auto free = &okv_cell_cache_free;
+    static constexpr auto seq_new = &okv_cell_cache_seq_new;
+    static constexpr auto seq_clone = &okv_cell_cache_seq_clone;
+    static constexpr auto seq_rm = &okv_cell_cache_seq_rm;
+    static constexpr auto seq_free = &okv_cell_cache_seq_free;
+    static constexpr auto next_pos = &okv_cell_cache_next_pos;
+    static constexpr auto seq_len = &okv_cell_cache_seq_len;
+    static constexpr auto free_cells = &okv_cell_cache_free_cells;
+    static constexpr auto capacity = &okv_cell_cache_capacity;
+    static constexpr auto can_extend = &okv_cell_cache_can_extend;
+    static constexpr auto clear = &okv_cell_cache_clear;
+    static constexpr auto begin_step = &okv_cell_cache_begin_step;
+    static constexpr auto plan = &okv_cell_cache_plan;
+    static constexpr auto visible = &okv_cell_cache_visible;
+    static constexpr auto dense_mask = &okv_cell_cache_dense_mask;
+};
+struct KvCellFns {
+    using handle = okv_kv_cell_cache;
+    static constexpr auto make = &okv_kv_cell_cache_new;
+    static constexpr auto free = &okv_kv_cell_cache_free;
+    static constexpr auto seq_new = &okv_kv_cell_cache_seq_new;
+    static constexpr auto seq_clone = &okv_kv_cell_cache_seq_clone;
+    static constexpr auto seq_rm = &okv_kv_cell_cache_seq_rm;
+    static constexpr auto seq_free = &okv_kv_cell_cache_seq_free;
+    static constexpr auto next_pos = &okv_kv_cell_cache_next_pos;
+    static constexpr auto seq_len = &okv_kv_cell_cache_seq_len;
+    static constexpr auto free_cells = &okv_kv_cell_cache_free_cells;
+    static constexpr auto capacity = &okv_kv_cell_cache_capacity;
+    static constexpr auto can_extend = &okv_kv_cell_cache_can_extend;
+    static constexpr auto clear = &okv_kv_cell_cache_clear;
+    static constexpr auto begin_step = &okv_kv_cell_cache_begin_step;
+    static constexpr auto plan = &okv_kv_cell_cache_plan;
+    static constexpr auto visible = &okv_kv_cell_cache_visible;
+    static constexpr auto dense_mask = &okv_kv_cell_cache_dense_mask;
+};
+
+// The batch, step and planner faces both cell caches share.
+template <class F>
+class BasicCellCache {
+public:
+    using handle_type = typename F::handle;
+    BasicCellCache(const Config &cfg, std::size_t n_cells, std::size_t n_seq_max = 256) {
+        handle_type *h = nullptr;
+        check(F::make(cfg.get(), n_cells, n_seq_max, &h));
+        h_.reset(h);
+    }
+    std::uint64_t seq_new() {
+        std::uint64_t id = 0;
+        check(F::seq_new(h_.get(), &id));
+        return id;
+    }
+    // A fork owning src's cells below `upto` (OKV_NONE: all); no K/V copied.
+    std::uint64_t seq_clone(std::uint64_t src, std::size_t upto = OKV_NONE) {
+        std::uint64_t id = 0;
+        check(F::seq_clone(h_.get(), src, upto, &id));
+        return id;
+    }
+    void seq_rm(std::uint64_t seq, std::size_t p0 = 0, std::size_t p1 = OKV_NONE) {
+        check(F::seq_rm(h_.get(), seq, p0, p1));
+    }
+    void seq_free(std::uint64_t seq) { check(F::seq_free(h_.get(), seq)); }
+    std::size_t next_pos(std::uint64_t seq) const { return per_seq(F::next_pos, seq); }
+    std::size_t seq_len(std::uint64_t seq) const { return per_seq(F::seq_len, seq); }
+    std::size_t free_cells() const { return get_size(F::free_cells); }
+    std::size_t capacity() const { return get_size(F::capacity); }
+    bool can_extend(std::size_t n = 1) const {
+        bool ok = false;
+        check(F::can_extend(h_.get(), n, &ok));
+        return ok;
+    }
+    void clear() { check(F::clear(h_.get())); }
+    // One entry per token; all or nothing.
+    void begin_step(span<const std::uint64_t> seq_ids, span<const std::size_t> positions) {
+        if (seq_ids.size() != positions.size())
+            throw Error(OKV_ERR_SHAPE, "begin_step: seq_ids and positions differ in length");
+        check(F::begin_step(h_.get(), seq_ids.data(), positions.data(), seq_ids.size()));
+    }
+    okv_cell_plan plan(std::size_t layer) const {
+        okv_cell_plan p{};
+        check(F::plan(h_.get(), layer, &p));
+        return p;
+    }
+    std::vector<okv_run> visible(std::size_t layer, std::size_t token) const {
+        std::vector<okv_run> runs(4);
+        std::size_t n = 0;
+        okv_status s = F::visible(h_.get(), layer, token, runs.data(), runs.size(), &n);
+        if (s == OKV_ERR_BUFFER_TOO_SMALL) {
+            runs.resize(n);
+            s = F::visible(h_.get(), layer, token, runs.data(), runs.size(), &n);
+        }
+        check(s);
+        runs.resize(n);
+        return runs;
+    }
+    struct Mask {
+        const std::uint8_t *data;
+        std::size_t rows, cols;
+    };
+    // [tokens, read_len] bytes, 1 = visible; valid until the next mutating call.
+    Mask dense_mask(std::size_t layer) {
+        Mask m{nullptr, 0, 0};
+        check(F::dense_mask(h_.get(), layer, &m.data, &m.rows, &m.cols));
+        return m;
+    }
+    handle_type *get() const noexcept { return h_.get(); }
+
+protected:
+    std::size_t get_size(okv_status (*fn)(const handle_type *, std::size_t *)) const {
+        std::size_t n = 0;
+        check(fn(h_.get(), &n));
+        return n;
+    }
+    std::size_t per_seq(okv_status (*fn)(const handle_type *, std::uint64_t, std::size_t *), std::uint64_t s) const {
+        std::size_t n = 0;
+        check(fn(h_.get(), s, &n));
+        return n;
+    }
+    Owned<handle_type, F::free> h_;
+};
+}  // namespace detail
+
+// One sequence's bookkeeping (no bytes).
+class SequenceCache : public detail::BasicSequenceCache<detail::SeqFns> {
+public:
+    using BasicSequenceCache::BasicSequenceCache;
+};
+
+// One sequence's bookkeeping and K/V pools.
+class KvSequenceCache : public detail::BasicSequenceCache<detail::KvSeqFns> {
+public:
+    using BasicSequenceCache::BasicSequenceCache;
+    // Writes the open step's rows of `layer` ([n_kv_heads, n_tokens, head_dim] each).
+    void update(std::size_t layer, span<const float> k, span<const float> v) {
+        check(okv_kv_seq_cache_update(h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
+    }
+    // Attention of the open step at `layer` into `out` (same shape as q).
+    void attend(std::size_t layer, span<const float> q, std::size_t n_q_heads, span<float> out,
+                const okv_attend_options *options = nullptr) const {
+        check(okv_kv_seq_cache_attend(h_.get(), layer, q.data(), q.size(), n_q_heads, out.data(), out.size(),
+                                      options));
+    }
+    okv_pool_view pool(std::size_t layer) const {
+        okv_pool_view p{};
+        check(okv_kv_seq_cache_pool(h_.get(), layer, &p));
+        return p;
+    }
+    std::size_t nbytes() const { return get_size(okv_kv_seq_cache_nbytes); }
+};
+
+// Many sequences' bookkeeping (no bytes).
+class CellCache : public detail::BasicCellCache<detail::CellFns> {
+public:
+    using BasicCellCache::BasicCellCache;
+};
+
+// Many sequences' bookkeeping and K/V pools.
+class KvCellCache : public detail::BasicCellCache<detail::KvCellFns> {
+public:
+    using BasicCellCache::BasicCellCache;
+    void update(std::size_t layer, span<const float> k, span<const float> v) {
+        check(okv_kv_cell_cache_update(h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
+    }
+    void attend(std::size_t layer, span<const float> q, std::size_t n_q_heads, span<float> out,
+                const okv_attend_options *options = nullptr) {
+        check(okv_kv_cell_cache_attend(h_.get(), layer, q.data(), q.size(), n_q_heads, out.data(), out.size(),
+                                       options));
+    }
+    okv_pool_view pool(std::size_t layer) const {
+        okv_pool_view p{};
+        check(okv_kv_cell_cache_pool(h_.get(), layer, &p));
+        return p;
+    }
+    std::size_t nbytes() const { return get_size(okv_kv_cell_cache_nbytes); }
+};
+
+// The process-global registry of live handles (it borrows, never owns).
+namespace registry {
+template <class Cache>
+void install(const std::string &key, const Cache &cache) {
+    check(okv_registry_install(key.c_str(), cache.get()));
+}
+inline std::pair<okv_handle_kind, void *> get(const std::string &key) {
+    okv_handle_kind kind{};
+    void *h = nullptr;
+    check(okv_registry_get(key.c_str(), &kind, &h));
+    return {kind, h};
+}
+inline void erase(const std::string &key) { check(okv_registry_erase(key.c_str())); }
+inline bool contains(const std::string &key) {
+    bool found = false;
+    check(okv_registry_contains(key.c_str(), &found));
+    return found;
+}
+// `build` must not throw: it is called from C (return nonzero to fail).
+inline void register_builder(const std::string &backend_id, const std::string &kind, okv_builder_fn build,
+                             void *user_data) {
+    check(okv_registry_register_builder(backend_id.c_str(), kind.c_str(), build, user_data));
+}
+inline bool has_builder(const std::string &backend_id, const std::string &kind) {
+    bool found = false;
+    check(okv_registry_has_builder(backend_id.c_str(), kind.c_str(), &found));
+    return found;
+}
+// A new handle (yours to free with the _free of its kind) and its kind.
+inline std::pair<okv_handle_kind, void *> build(const std::string &backend_id, const std::string &kind,
+                                                const Config &cfg) {
+    okv_handle_kind k{};
+    void *h = nullptr;
+    check(okv_registry_build(backend_id.c_str(), kind.c_str(), cfg.get(), &k, &h));
+    return {k, h};
+}
+inline std::string unique_key(const std::string &prefix) {
+    std::string buf(prefix.size() + 24, '\0');
+    std::size_t n = 0;
+    okv_status s = okv_registry_unique_key(prefix.c_str(), &buf[0], buf.size(), &n);
+    if (s == OKV_ERR_BUFFER_TOO_SMALL) {
+        buf.assign(n + 1, '\0');
+        s = okv_registry_unique_key(prefix.c_str(), &buf[0], buf.size(), &n);
+    }
+    check(s);
+    buf.resize(n);
+    return buf;
+}
+}  // namespace registry
+
+// Installs a cache in the registry for its lifetime: under `key`, or under a
+// fresh unique_key("session-") when `key` is empty; erases it when destroyed
+// (a key already erased by hand is fine). The cache must outlive the session.
+class Session {
+public:
+    template <class Cache>
+    explicit Session(const Cache &cache, std::string key = std::string())
+        : key_(key.empty() ? registry::unique_key("session-") : std::move(key)) {
+        registry::install(key_, cache);
+    }
+    ~Session() { (void)okv_registry_erase(key_.c_str()); }
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+    const std::string &key() const noexcept { return key_; }
+
+private:
+    std::string key_;
+};
+
+}  // namespace okv
+
+#endif  // OFFGRAPH_KV_HPP

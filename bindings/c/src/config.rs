@@ -1,0 +1,175 @@
+//! `okv_config`: a cache configuration, built by setters and validated by
+//! every constructor that takes it.
+//!
+//! Room left for the precision work: dtypes will get their own setter
+//! (`okv_config_set_dtypes`, append-only names) when the core has them; today
+//! every pool is float32 and there is no dtype call at all.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use offgraph_kv::{CacheConfig, LayerConfig, LayerPolicy};
+
+use crate::handle::{lock, opaque, publish, release};
+use crate::ptr::{out, slice};
+use crate::status::{fail, finish, okv_status, R};
+
+/// A layer that keeps every position up to the capacity.
+pub const OKV_POLICY_FLAT: u32 = 0;
+/// A sliding-window layer: a query at position p sees keys in [p - window + 1, p].
+pub const OKV_POLICY_RING: u32 = 1;
+
+/// One layer's policy and K/V geometry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct okv_layer_config {
+    /// `OKV_POLICY_FLAT` or `OKV_POLICY_RING`.
+    pub policy: u32,
+    /// The ring window (ignored for a flat layer).
+    pub window: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// A cache configuration (opaque). Not shared by the caches built from it:
+/// each constructor copies it, so it may be changed or freed afterwards.
+pub struct okv_config {
+    magic: u64,
+    inner: Mutex<CacheConfig>,
+}
+opaque!(
+    okv_config,
+    CacheConfig,
+    OKV_HANDLE_CONFIG,
+    0x6f6b_765f_6366_6701
+);
+
+pub(crate) fn layer_from_c(l: &okv_layer_config, i: usize) -> R<LayerConfig> {
+    let policy = match l.policy {
+        OKV_POLICY_FLAT => LayerPolicy::Flat,
+        OKV_POLICY_RING => LayerPolicy::Ring { window: l.window },
+        p => {
+            return Err(fail(
+                okv_status::OKV_ERR_INVALID_CONFIG,
+                format!(
+                "layers[{i}].policy: expected OKV_POLICY_FLAT (0) or OKV_POLICY_RING (1), got {p}"
+            ),
+            ))
+        }
+    };
+    Ok(LayerConfig::new(policy, l.n_kv_heads, l.head_dim))
+}
+
+/// A copy of the config behind `cfg`, validated.
+pub(crate) unsafe fn config_of(cfg: *const okv_config, what: &str) -> R<CacheConfig> {
+    let c = unsafe { lock(cfg, what) }?.clone();
+    c.validate()?;
+    Ok(c)
+}
+
+/// A config of `capacity` positions and `n_layers` layers, with no layer
+/// configs yet (set them with `okv_config_set_layers`), `max_step` 1 and
+/// `initial_capacity` min(capacity, 16). Nothing is validated until a cache is
+/// built (or `okv_config_validate`).
+#[no_mangle]
+pub unsafe extern "C" fn okv_config_new(
+    capacity: usize,
+    n_layers: usize,
+    out_cfg: *mut *mut okv_config,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let o = out(out_cfg, "okv_config_new: out_cfg")?;
+        publish::<okv_config>(CacheConfig::new(capacity, n_layers, Vec::new()), o);
+        Ok(())
+    })))
+}
+
+/// Frees a config. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn okv_config_free(cfg: *mut okv_config) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        release(cfg, "okv_config_free")
+    })))
+}
+
+/// Sets the layer configs: `n` is 1 (every layer alike) or the config's
+/// `n_layers`. Refused (nothing changes) for another count or an unknown policy.
+#[no_mangle]
+pub unsafe extern "C" fn okv_config_set_layers(
+    cfg: *mut okv_config,
+    layers: *const okv_layer_config,
+    n: usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let what = "okv_config_set_layers";
+        let mut c = unsafe { lock(cfg, what) }?;
+        let ls = unsafe { slice(layers, n, "okv_config_set_layers: layers") }?;
+        if n != 1 && n != c.n_layers {
+            return Err(fail(
+                okv_status::OKV_ERR_INVALID_CONFIG,
+                format!(
+                    "{what}: expected 1 or n_layers ({}) layer configs, got {n}",
+                    c.n_layers
+                ),
+            ));
+        }
+        let v = ls
+            .iter()
+            .enumerate()
+            .map(|(i, l)| layer_from_c(l, i))
+            .collect::<R<Vec<_>>>()?;
+        c.layers = v;
+        Ok(())
+    })))
+}
+
+/// Sets the most tokens one step may carry (checked when a cache is built).
+#[no_mangle]
+pub unsafe extern "C" fn okv_config_set_max_step(
+    cfg: *mut okv_config,
+    max_step: usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        unsafe { lock(cfg, "okv_config_set_max_step") }?.max_step = max_step;
+        Ok(())
+    })))
+}
+
+/// Sets the slots a pool starts with (checked when a cache is built).
+#[no_mangle]
+pub unsafe extern "C" fn okv_config_set_initial_capacity(
+    cfg: *mut okv_config,
+    initial_capacity: usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        unsafe { lock(cfg, "okv_config_set_initial_capacity") }?.initial_capacity =
+            initial_capacity;
+        Ok(())
+    })))
+}
+
+/// `OKV_OK` when the config is valid, else `OKV_ERR_INVALID_CONFIG` naming the field.
+#[no_mangle]
+pub unsafe extern "C" fn okv_config_validate(cfg: *const okv_config) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        unsafe { lock(cfg, "okv_config_validate") }?.validate()?;
+        Ok(())
+    })))
+}
+
+/// The pool depth (slots) of layer `layer`: capacity for a flat layer,
+/// min(window + max_step - 1, capacity) for a ring layer.
+#[no_mangle]
+pub unsafe extern "C" fn okv_config_depth(
+    cfg: *const okv_config,
+    layer: usize,
+    out_depth: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let o = out(out_depth, "okv_config_depth: out_depth")?;
+        let c = unsafe { lock(cfg, "okv_config_depth") }?;
+        let p = c.layer(layer)?.policy;
+        o.set(c.depth(p));
+        Ok(())
+    })))
+}

@@ -1,0 +1,571 @@
+//! `okv_seq_cache` (SequenceCache: bookkeeping only) and `okv_kv_seq_cache`
+//! (KvSequenceCache: bookkeeping plus K/V pools): control, plan, update, attend.
+//!
+//! Thread-safety: a handle may move between threads, but calls on one handle
+//! must not overlap (a second concurrent call gets `OKV_ERR_BUSY`).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use offgraph_kv::kv::Pool;
+use offgraph_kv::{KvSequenceCache, MaskKind, Runs, SeqStepPlan, SequenceCache};
+
+use crate::attend::{self, okv_attend_options, AttendArgs};
+use crate::config::{config_of, okv_config};
+use crate::handle::{lock, opaque, publish, release, Opaque};
+use crate::ptr::{out, overlaps, slice, span, span_of};
+use crate::status::{fail, finish, okv_status, R};
+
+/// A run of slots (or cells): `[start, start + len)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct okv_run {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// Every read row is visible to every query of the step.
+pub const OKV_MASK_NONE: u32 = 0;
+/// Lower-right causal over the step: a query at q sees positions <= q.
+pub const OKV_MASK_CAUSAL: u32 = 1;
+/// Causal and at most `window` back: q sees positions in [q - window + 1, q].
+pub const OKV_MASK_WINDOW: u32 = 2;
+
+/// One layer's plan of the open step (a copy: it never dangles).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct okv_seq_plan {
+    /// Logical position of the step's first token.
+    pub position: usize,
+    pub n_tokens: usize,
+    /// Slots the step's rows land in, in token order (2 runs when a ring wraps).
+    pub n_write: usize,
+    pub write: [okv_run; 2],
+    /// Slots of the visible history plus the step, oldest first.
+    pub n_read: usize,
+    pub read: [okv_run; 2],
+    /// Logical position of the first read row.
+    pub read_base_pos: usize,
+    /// `OKV_MASK_NONE`, `OKV_MASK_CAUSAL` or `OKV_MASK_WINDOW`.
+    pub mask_kind: u32,
+    /// The ring window of the layer (0 for a flat layer).
+    pub window: usize,
+    /// The layer's pool depth in slots.
+    pub depth: usize,
+}
+
+fn runs_to_c(r: &Runs) -> (usize, [okv_run; 2]) {
+    let mut out = [okv_run::default(); 2];
+    for (o, x) in out.iter_mut().zip(r.as_slice()) {
+        *o = okv_run {
+            start: x.start,
+            len: x.len,
+        };
+    }
+    (r.len(), out)
+}
+
+fn plan_to_c(p: &SeqStepPlan) -> okv_seq_plan {
+    let (n_write, write) = runs_to_c(&p.write);
+    let (n_read, read) = runs_to_c(&p.read);
+    okv_seq_plan {
+        position: p.position,
+        n_tokens: p.n_tokens,
+        n_write,
+        write,
+        n_read,
+        read,
+        read_base_pos: p.read_base_pos,
+        mask_kind: match p.mask {
+            MaskKind::None => OKV_MASK_NONE,
+            MaskKind::Causal => OKV_MASK_CAUSAL,
+            MaskKind::Window(_) => OKV_MASK_WINDOW,
+        },
+        window: p.window().unwrap_or(0),
+        depth: p.depth,
+    }
+}
+
+/// One layer's K and V pools, `[n_kv_heads, slots, head_dim]` float32
+/// row-major. Valid until the next mutating call on the cache (`_update` may
+/// grow the pools into new memory; `_free` releases them).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct okv_pool_view {
+    pub k: *const f32,
+    pub v: *const f32,
+    pub n_kv_heads: usize,
+    /// The row stride, in rows.
+    pub slots: usize,
+    pub head_dim: usize,
+}
+
+pub(crate) fn pool_to_c(p: &Pool) -> okv_pool_view {
+    okv_pool_view {
+        // Configs built through C are float32 (pool dtypes are not exposed to
+        // C yet), so the rows are f32 and 64-byte aligned.
+        k: p.k().bytes.as_ptr().cast::<f32>(),
+        v: p.v().bytes.as_ptr().cast::<f32>(),
+        n_kv_heads: p.n_heads(),
+        slots: p.slots(),
+        head_dim: p.head_dim(),
+    }
+}
+
+/// Refuses K/V rows that overlap the layer's pools (they would be read while written).
+pub(crate) fn check_rows_apart(
+    pool: &Pool,
+    k: (usize, usize),
+    v: (usize, usize),
+    what: &str,
+) -> R<()> {
+    for input in [k, v] {
+        if overlaps(input, span_of(pool.k().bytes)) || overlaps(input, span_of(pool.v().bytes)) {
+            return Err(fail(
+                okv_status::OKV_ERR_INVALID_ARGUMENT,
+                format!("{what}: k or v overlaps the cache's own pools; copy the rows first"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Bookkeeping for one sequence (opaque).
+pub struct okv_seq_cache {
+    magic: u64,
+    inner: Mutex<SequenceCache>,
+}
+opaque!(
+    okv_seq_cache,
+    SequenceCache,
+    OKV_HANDLE_SEQ_CACHE,
+    0x6f6b_765f_7365_7102
+);
+
+/// One sequence's bookkeeping and K/V pools (opaque).
+pub struct okv_kv_seq_cache {
+    magic: u64,
+    inner: Mutex<KvSequenceCache>,
+}
+opaque!(
+    okv_kv_seq_cache,
+    KvSequenceCache,
+    OKV_HANDLE_KV_SEQ_CACHE,
+    0x6f6b_765f_6b76_7303
+);
+
+/// The control and planner faces both sequence caches share.
+trait SeqFace {
+    fn seq(&self) -> &SequenceCache;
+    fn begin_step(&mut self, n: usize) -> offgraph_kv::Result<usize>;
+    fn rewind(&mut self, n: usize) -> offgraph_kv::Result<()>;
+    fn clear(&mut self);
+}
+
+impl SeqFace for SequenceCache {
+    fn seq(&self) -> &SequenceCache {
+        self
+    }
+    fn begin_step(&mut self, n: usize) -> offgraph_kv::Result<usize> {
+        SequenceCache::begin_step(self, n)
+    }
+    fn rewind(&mut self, n: usize) -> offgraph_kv::Result<()> {
+        SequenceCache::rewind(self, n)
+    }
+    fn clear(&mut self) {
+        SequenceCache::clear(self)
+    }
+}
+
+impl SeqFace for KvSequenceCache {
+    fn seq(&self) -> &SequenceCache {
+        self.sequence()
+    }
+    fn begin_step(&mut self, n: usize) -> offgraph_kv::Result<usize> {
+        KvSequenceCache::begin_step(self, n)
+    }
+    fn rewind(&mut self, n: usize) -> offgraph_kv::Result<()> {
+        KvSequenceCache::rewind(self, n)
+    }
+    fn clear(&mut self) {
+        KvSequenceCache::clear(self)
+    }
+}
+
+unsafe fn get_usize<H: Opaque>(
+    h: *const H,
+    o: *mut usize,
+    what: &str,
+    f: impl FnOnce(&H::Inner) -> usize,
+) -> R<()> {
+    let o = out(o, what)?;
+    let c = unsafe { lock(h, what) }?;
+    o.set(f(&c));
+    Ok(())
+}
+
+unsafe fn can_extend<H: Opaque>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()>
+where
+    H::Inner: SeqFace,
+{
+    let o = out(o, what)?;
+    let c = unsafe { lock(h, what) }?;
+    o.set(c.seq().can_extend(n));
+    Ok(())
+}
+
+unsafe fn begin_step<H: Opaque>(h: *const H, n: usize, o: *mut usize, what: &str) -> R<()>
+where
+    H::Inner: SeqFace,
+{
+    let o = out(o, what)?;
+    let mut c = unsafe { lock(h, what) }?;
+    o.set(c.begin_step(n)?);
+    Ok(())
+}
+
+unsafe fn rewind<H: Opaque>(h: *const H, n: usize, what: &str) -> R<()>
+where
+    H::Inner: SeqFace,
+{
+    unsafe { lock(h, what) }?.rewind(n)?;
+    Ok(())
+}
+
+unsafe fn clear<H: Opaque>(h: *const H, what: &str) -> R<()>
+where
+    H::Inner: SeqFace,
+{
+    unsafe { lock(h, what) }?.clear();
+    Ok(())
+}
+
+unsafe fn plan<H: Opaque>(h: *const H, layer: usize, o: *mut okv_seq_plan, what: &str) -> R<()>
+where
+    H::Inner: SeqFace,
+{
+    let o = out(o, what)?;
+    let c = unsafe { lock(h, what) }?;
+    o.set(plan_to_c(&c.seq().plan(layer)?));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// okv_seq_cache
+
+/// A sequence cache (bookkeeping only) for `cfg` (validated; copied).
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_new(
+    cfg: *const okv_config,
+    out_cache: *mut *mut okv_seq_cache,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let o = out(out_cache, "okv_seq_cache_new: out_cache")?;
+        let c = SequenceCache::new(unsafe { config_of(cfg, "okv_seq_cache_new") }?)?;
+        publish::<okv_seq_cache>(c, o);
+        Ok(())
+    })))
+}
+
+/// Frees the cache. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_free(cache: *mut okv_seq_cache) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        release(cache, "okv_seq_cache_free")
+    })))
+}
+
+/// Tokens committed so far.
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_length(
+    cache: *const okv_seq_cache,
+    out_len: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        get_usize(cache, out_len, "okv_seq_cache_length", |c| c.length())
+    })))
+}
+
+/// Most tokens the sequence may hold.
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_capacity(
+    cache: *const okv_seq_cache,
+    out_cap: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        get_usize(cache, out_cap, "okv_seq_cache_capacity", |c| c.capacity())
+    })))
+}
+
+/// The lowest length `rewind` accepts now (ring layers bound it).
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_min_rewind(
+    cache: *const okv_seq_cache,
+    out_len: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        get_usize(cache, out_len, "okv_seq_cache_min_rewind", |c| {
+            c.min_rewind()
+        })
+    })))
+}
+
+/// Whether `n` more tokens fit.
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_can_extend(
+    cache: *const okv_seq_cache,
+    n: usize,
+    out_ok: *mut bool,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        can_extend(cache, n, out_ok, "okv_seq_cache_can_extend")
+    })))
+}
+
+/// The admission gate: checks 1 <= n_tokens <= max_step and room, commits
+/// the step (length grows by n_tokens) and writes its first position. A
+/// refused call changes nothing and leaves the previous step open.
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_begin_step(
+    cache: *mut okv_seq_cache,
+    n_tokens: usize,
+    out_position: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        begin_step(cache, n_tokens, out_position, "okv_seq_cache_begin_step")
+    })))
+}
+
+/// Drops the tokens from `new_len` on and closes the step. Refused above the
+/// length or below `min_rewind`.
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_rewind(
+    cache: *mut okv_seq_cache,
+    new_len: usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        rewind(cache, new_len, "okv_seq_cache_rewind")
+    })))
+}
+
+/// Forgets everything and closes the step.
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_clear(cache: *mut okv_seq_cache) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        clear(cache, "okv_seq_cache_clear")
+    })))
+}
+
+/// The open step's plan for `layer` (`OKV_ERR_STEP_PROTOCOL` with no open step).
+#[no_mangle]
+pub unsafe extern "C" fn okv_seq_cache_plan(
+    cache: *const okv_seq_cache,
+    layer: usize,
+    out_plan: *mut okv_seq_plan,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        plan(cache, layer, out_plan, "okv_seq_cache_plan")
+    })))
+}
+
+// ---------------------------------------------------------------------------
+// okv_kv_seq_cache
+
+/// A sequence cache with K/V pools for `cfg` (validated; copied).
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_new(
+    cfg: *const okv_config,
+    out_cache: *mut *mut okv_kv_seq_cache,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let o = out(out_cache, "okv_kv_seq_cache_new: out_cache")?;
+        let c = KvSequenceCache::new(unsafe { config_of(cfg, "okv_kv_seq_cache_new") }?)?;
+        publish::<okv_kv_seq_cache>(c, o);
+        Ok(())
+    })))
+}
+
+/// Frees the cache and its pools. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_free(cache: *mut okv_kv_seq_cache) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        release(cache, "okv_kv_seq_cache_free")
+    })))
+}
+
+/// Tokens committed so far.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_length(
+    cache: *const okv_kv_seq_cache,
+    out_len: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        get_usize(cache, out_len, "okv_kv_seq_cache_length", |c| c.length())
+    })))
+}
+
+/// Most tokens the sequence may hold.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_capacity(
+    cache: *const okv_kv_seq_cache,
+    out_cap: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        get_usize(cache, out_cap, "okv_kv_seq_cache_capacity", |c| {
+            c.capacity()
+        })
+    })))
+}
+
+/// The lowest length `rewind` accepts now (ring layers bound it).
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_min_rewind(
+    cache: *const okv_kv_seq_cache,
+    out_len: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        get_usize(cache, out_len, "okv_kv_seq_cache_min_rewind", |c| {
+            c.sequence().min_rewind()
+        })
+    })))
+}
+
+/// Bytes all pools hold.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_nbytes(
+    cache: *const okv_kv_seq_cache,
+    out_bytes: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        get_usize(cache, out_bytes, "okv_kv_seq_cache_nbytes", |c| {
+            c.nbytes_total()
+        })
+    })))
+}
+
+/// Whether `n` more tokens fit.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_can_extend(
+    cache: *const okv_kv_seq_cache,
+    n: usize,
+    out_ok: *mut bool,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        can_extend(cache, n, out_ok, "okv_kv_seq_cache_can_extend")
+    })))
+}
+
+/// The admission gate (see `okv_seq_cache_begin_step`).
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_begin_step(
+    cache: *mut okv_kv_seq_cache,
+    n_tokens: usize,
+    out_position: *mut usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        begin_step(cache, n_tokens, out_position, "okv_kv_seq_cache_begin_step")
+    })))
+}
+
+/// Drops the tokens from `new_len` on and closes the step (see `okv_seq_cache_rewind`).
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_rewind(
+    cache: *mut okv_kv_seq_cache,
+    new_len: usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        rewind(cache, new_len, "okv_kv_seq_cache_rewind")
+    })))
+}
+
+/// Forgets every token (pool memory is kept) and closes the step.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_clear(cache: *mut okv_kv_seq_cache) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        clear(cache, "okv_kv_seq_cache_clear")
+    })))
+}
+
+/// The open step's plan for `layer`.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_plan(
+    cache: *const okv_kv_seq_cache,
+    layer: usize,
+    out_plan: *mut okv_seq_plan,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
+        plan(cache, layer, out_plan, "okv_kv_seq_cache_plan")
+    })))
+}
+
+/// Writes the open step's rows of `layer`: `k` and `v` hold
+/// `[n_kv_heads, n_tokens, head_dim]` floats each (`k_len`, `v_len` elements),
+/// not overlapping the pools. Refused calls write nothing.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_update(
+    cache: *mut okv_kv_seq_cache,
+    layer: usize,
+    k: *const f32,
+    k_len: usize,
+    v: *const f32,
+    v_len: usize,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let what = "okv_kv_seq_cache_update";
+        let mut c = unsafe { lock(cache, what) }?;
+        if let Ok(pool) = c.pool(layer) {
+            check_rows_apart(pool, span(k, k_len), span(v, v_len), what)?;
+        }
+        let k = unsafe { slice(k, k_len, "okv_kv_seq_cache_update: k") }?;
+        let v = unsafe { slice(v, v_len, "okv_kv_seq_cache_update: v") }?;
+        c.update(layer, k, v)?;
+        Ok(())
+    })))
+}
+
+/// Attention of the open step at `layer` into `out`: `q` and `out` hold
+/// `[n_q_heads, n_tokens, head_dim]` floats (`q_len`, `out_len` elements);
+/// `n_q_heads` a multiple of the layer's KV heads. Call after `_update` of
+/// this layer. `out` is untouched on refusal.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_attend(
+    cache: *const okv_kv_seq_cache,
+    layer: usize,
+    q: *const f32,
+    q_len: usize,
+    n_q_heads: usize,
+    out: *mut f32,
+    out_len: usize,
+    options: *const okv_attend_options,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let what = "okv_kv_seq_cache_attend";
+        let c = unsafe { lock(cache, what) }?;
+        let spec = c.spec(layer)?;
+        let args = AttendArgs {
+            q,
+            q_len,
+            n_q_heads,
+            out,
+            out_len,
+            opts: options,
+        };
+        unsafe { attend::run(&spec, &args, what) }
+    })))
+}
+
+/// Layer `layer`'s pools (see `okv_pool_view` for how long they stay valid).
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_seq_cache_pool(
+    cache: *const okv_kv_seq_cache,
+    layer: usize,
+    out_view: *mut okv_pool_view,
+) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+        let what = "okv_kv_seq_cache_pool";
+        let o = out(out_view, what)?;
+        let c = unsafe { lock(cache, what) }?;
+        o.set(pool_to_c(c.pool(layer)?));
+        Ok(())
+    })))
+}

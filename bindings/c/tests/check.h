@@ -1,0 +1,38 @@
+/* A tiny check harness for the C tests: counts, never aborts. */
+#ifndef OKV_TEST_CHECK_H
+#define OKV_TEST_CHECK_H
+#include <stdio.h>
+
+#include "offgraph_kv.h"
+
+static int checks_passed, checks_failed;
+
+#define EXPECT(cond)                                                                                              \
+    do {                                                                                                          \
+        if (cond) {                                                                                               \
+            checks_passed++;                                                                                      \
+        } else {                                                                                                  \
+            checks_failed++;                                                                                      \
+            fprintf(stderr, "%s:%d: FAILED: %s (last error: %s)\n", __FILE__, __LINE__, #cond, okv_last_error()); \
+        }                                                                                                         \
+    } while (0)
+
+#define EXPECT_STATUS(call, want)                                                                          \
+    do {                                                                                                   \
+        okv_status got_ = (call);                                                                          \
+        if (got_ == (want)) {                                                                              \
+            checks_passed++;                                                                               \
+        } else {                                                                                           \
+            checks_failed++;                                                                               \
+            fprintf(stderr, "%s:%d: FAILED: %s returned %s, expected %s (last error: %s)\n", __FILE__,     \
+                    __LINE__, #call, okv_status_name(got_), okv_status_name(want), okv_last_error());      \
+        }                                                                                                  \
+    } while (0)
+
+#define EXPECT_OK(call) EXPECT_STATUS(call, OKV_OK)
+
+/* The closing line scripts/test-c.sh adds up; the exit code fails the run. */
+#define CHECK_SUMMARY(name)                                                                    \
+    (printf("%s: %d passed, %d failed\n", name, checks_passed, checks_failed), checks_failed ? 1 : 0)
+
+#endif

@@ -1,0 +1,454 @@
+//! Storage types of the K/V pools and the one rounding each applies on write.
+//!
+//! * `Float32`: IEEE single, 4 bytes per value.
+//! * `Float16`: IEEE half, rounded to nearest even from f32, 2 bytes.
+//! * `Bfloat16`: the top half of an f32, rounded to nearest even, 2 bytes.
+//! * `Q8_0`: GGML's `block_q8_0`, byte-compatible: per 32 consecutive values
+//!   of a row, an fp16 scale `d = max|x| / 127` then 32 `i8` `q = round(x / d)`
+//!   (half away from zero): 34 bytes per 32 values. A row is a whole number of
+//!   blocks, so every row is self-contained.
+//!
+//! Codes ([`KvDtype::code`]) are append-only: snapshots store them.
+
+use crate::error::{CacheError, Result};
+
+/// Values per q8_0 block.
+pub const QK8_0: usize = 32;
+/// Bytes per q8_0 block: the fp16 scale and 32 `i8`.
+pub const Q8_0_BLOCK_BYTES: usize = 34;
+
+/// How a pool stores its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvDtype {
+    #[default]
+    Float32,
+    Float16,
+    Bfloat16,
+    Q8_0,
+}
+
+impl KvDtype {
+    /// Every dtype, in code order.
+    pub const ALL: [KvDtype; 4] = [
+        KvDtype::Float32,
+        KvDtype::Float16,
+        KvDtype::Bfloat16,
+        KvDtype::Q8_0,
+    ];
+
+    /// Stable serialised discriminant: 0 float32, 1 float16, 2 bfloat16, 3 q8_0. Append-only.
+    pub fn code(self) -> u8 {
+        match self {
+            KvDtype::Float32 => 0,
+            KvDtype::Float16 => 1,
+            KvDtype::Bfloat16 => 2,
+            KvDtype::Q8_0 => 3,
+        }
+    }
+
+    /// The dtype of a [`KvDtype::code`], `None` for an unknown code.
+    pub fn from_code(code: u8) -> Option<KvDtype> {
+        KvDtype::ALL.into_iter().find(|d| d.code() == code)
+    }
+
+    /// The name DESIGN.md and the Python surface use.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::Float32 => "float32",
+            KvDtype::Float16 => "float16",
+            KvDtype::Bfloat16 => "bfloat16",
+            KvDtype::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Parses a name; an unknown one is `InvalidConfig` naming the choices.
+    pub fn parse(name: &str) -> Result<KvDtype> {
+        KvDtype::ALL
+            .into_iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| {
+                CacheError::InvalidConfig(format!(
+                    "dtype: expected one of \"float32\", \"float16\", \"bfloat16\", \"q8_0\", got {name:?}"
+                ))
+            })
+    }
+
+    /// Whether rows of `head_dim` values can be stored (q8_0 needs whole blocks).
+    pub fn check_head_dim(self, head_dim: usize) -> Result<()> {
+        if self == KvDtype::Q8_0 && !head_dim.is_multiple_of(QK8_0) {
+            return Err(CacheError::InvalidConfig(format!(
+                "dtype q8_0: expected a head_dim that is a multiple of {QK8_0}, got {head_dim}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes one row of `head_dim` values takes (for q8_0, `head_dim` is a
+    /// multiple of 32; see [`KvDtype::check_head_dim`]). Saturates.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            KvDtype::Float32 => head_dim.saturating_mul(4),
+            KvDtype::Float16 | KvDtype::Bfloat16 => head_dim.saturating_mul(2),
+            KvDtype::Q8_0 => (head_dim / QK8_0).saturating_mul(Q8_0_BLOCK_BYTES),
+        }
+    }
+}
+
+/// New rows handed to the byte layer, in the caller's type (row-major
+/// `[n_heads, n_tokens, head_dim]`). Each is widened exactly to f32 and then
+/// rounded once into the pool's type.
+#[derive(Debug, Clone, Copy)]
+pub enum RowsIn<'a> {
+    F32(&'a [f32]),
+    /// IEEE half bits.
+    F16(&'a [u16]),
+    /// bfloat16 bits.
+    Bf16(&'a [u16]),
+}
+
+impl RowsIn<'_> {
+    /// Values held.
+    pub fn len(&self) -> usize {
+        match self {
+            RowsIn::F32(s) => s.len(),
+            RowsIn::F16(s) | RowsIn::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Widens values `[at, at + out.len())` to f32 (exact for every input type).
+    /// Returns false when the range is out of bounds.
+    pub fn widen(&self, at: usize, out: &mut [f32]) -> bool {
+        let Some(end) = at.checked_add(out.len()) else {
+            return false;
+        };
+        match self {
+            RowsIn::F32(s) => match s.get(at..end) {
+                Some(src) => out.copy_from_slice(src),
+                None => return false,
+            },
+            RowsIn::F16(s) => match s.get(at..end) {
+                Some(src) => out
+                    .iter_mut()
+                    .zip(src)
+                    .for_each(|(o, &h)| *o = f16_to_f32(h)),
+                None => return false,
+            },
+            RowsIn::Bf16(s) => match s.get(at..end) {
+                Some(src) => out
+                    .iter_mut()
+                    .zip(src)
+                    .for_each(|(o, &h)| *o = bf16_to_f32(h)),
+                None => return false,
+            },
+        }
+        true
+    }
+}
+
+/// Stored rows of one pool (or part of one), borrowed: the bytes and their type.
+///
+/// A pool is `[n_heads, slots, row]` rows of `dtype.row_bytes(head_dim)` bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvRows<'a> {
+    pub dtype: KvDtype,
+    pub bytes: &'a [u8],
+}
+
+impl<'a> KvRows<'a> {
+    /// float32 rows (any f32 slice is valid bytes).
+    pub fn from_f32(values: &'a [f32]) -> Self {
+        // SAFETY: f32 has no padding or invalid bit patterns as bytes; the
+        // byte length is exactly the slice's size in memory.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+        };
+        KvRows {
+            dtype: KvDtype::Float32,
+            bytes,
+        }
+    }
+
+    /// Half or bfloat16 rows given as their bits.
+    pub fn from_u16(dtype: KvDtype, bits: &'a [u16]) -> Self {
+        // SAFETY: as in `from_f32`: u16 to bytes is always valid.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(bits.as_ptr().cast::<u8>(), std::mem::size_of_val(bits))
+        };
+        KvRows { dtype, bytes }
+    }
+
+    /// The values as f32 when the rows are float32 (and 4-byte aligned, which
+    /// pools always are); `None` otherwise.
+    pub fn f32(&self) -> Option<&'a [f32]> {
+        if self.dtype != KvDtype::Float32 || !self.bytes.len().is_multiple_of(4) {
+            return None;
+        }
+        // SAFETY: every bit pattern is a valid f32; `align_to` only yields the
+        // aligned middle, which we accept only when it is the whole slice.
+        let (pre, mid, post) = unsafe { self.bytes.align_to::<f32>() };
+        (pre.is_empty() && post.is_empty()).then_some(mid)
+    }
+
+    /// The values as u16 bits when the rows are float16 or bfloat16 (and aligned).
+    pub fn u16(&self) -> Option<&'a [u16]> {
+        if !matches!(self.dtype, KvDtype::Float16 | KvDtype::Bfloat16)
+            || !self.bytes.len().is_multiple_of(2)
+        {
+            return None;
+        }
+        // SAFETY: every bit pattern is a valid u16; see `f32`.
+        let (pre, mid, post) = unsafe { self.bytes.align_to::<u16>() };
+        (pre.is_empty() && post.is_empty()).then_some(mid)
+    }
+}
+
+/// f32 to IEEE half bits, round to nearest even; NaN stays NaN (quiet),
+/// overflow goes to infinity.
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        let nan = if man != 0 {
+            0x0200 | (man >> 13) as u16
+        } else {
+            0
+        };
+        return sign | 0x7c00 | nan;
+    }
+    // Unbiased exponent of x; half normals cover [-14, 15].
+    let e = exp.saturating_sub(127);
+    if e > 15 {
+        return sign | 0x7c00;
+    }
+    if e >= -14 {
+        // Normal half: keep 10 mantissa bits, round the 13 dropped ones to nearest even.
+        let he = (e.saturating_add(15) as u32) << 10;
+        let hm = man >> 13;
+        let rest = man & 0x1fff;
+        let mut h = he | hm;
+        if rest > 0x1000 || (rest == 0x1000 && (hm & 1) == 1) {
+            h = h.saturating_add(1); // a carry into the exponent is correct (up to inf)
+        }
+        return sign | h as u16;
+    }
+    if e < -25 {
+        return sign; // below half the smallest subnormal: rounds to zero
+    }
+    // Subnormal half: value = m * 2^-24 with the implicit bit restored.
+    let full = man | 0x80_0000;
+    let shift = (-14i32).saturating_sub(e).saturating_add(13) as u32; // 14..=24
+    let hm = full >> shift;
+    let rest = full & ((1u32 << shift).saturating_sub(1));
+    let half = 1u32 << shift.saturating_sub(1);
+    let mut h = hm;
+    if rest > half || (rest == half && (hm & 1) == 1) {
+        h = h.saturating_add(1);
+    }
+    sign | h as u16
+}
+
+/// IEEE half bits to f32 (exact).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal: m * 2^-24, exact in f32.
+            let v = m as f32 * f32::from_bits(0x3380_0000); // 2^-24
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | (e.wrapping_add(112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// f32 to bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fffu32.saturating_add((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
+}
+
+/// bfloat16 bits to f32 (exact: a shift).
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Quantizes one block of 32 values into `out` (34 bytes) as GGML's
+/// `quantize_row_q8_0_ref` does: `d = amax / 127`, `q = round(x / d)` with
+/// `roundf` (half away from zero), the scale stored as fp16.
+pub fn quantize_block_q8_0(x: &[f32; QK8_0], out: &mut [u8; Q8_0_BLOCK_BYTES]) {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let [d0, d1] = f32_to_f16(d).to_le_bytes();
+    out[0] = d0;
+    out[1] = d1;
+    for (o, v) in out[2..].iter_mut().zip(x) {
+        // |v * id| <= 127 (up to rounding), so the cast cannot wrap; `as` saturates anyway.
+        *o = ((v * id).round() as i8) as u8;
+    }
+}
+
+/// Dequantizes one block (34 bytes) into 32 values: `d * q`.
+pub fn dequantize_block_q8_0(b: &[u8; Q8_0_BLOCK_BYTES], out: &mut [f32; QK8_0]) {
+    let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    for (o, q) in out.iter_mut().zip(&b[2..]) {
+        *o = d * (*q as i8) as f32;
+    }
+}
+
+/// Encodes `src` (one or more whole rows, f32) into `dst` in `dtype`'s bytes.
+/// `dst.len()` must be `dtype.row_bytes(src.len())` (for q8_0, `src.len()` a
+/// multiple of 32); returns false otherwise and writes nothing.
+pub fn encode(dtype: KvDtype, src: &[f32], dst: &mut [u8]) -> bool {
+    if dtype == KvDtype::Q8_0 && !src.len().is_multiple_of(QK8_0) {
+        return false;
+    }
+    if dst.len() != dtype.row_bytes(src.len()) {
+        return false;
+    }
+    match dtype {
+        KvDtype::Float32 => dst.copy_from_slice(KvRows::from_f32(src).bytes),
+        KvDtype::Float16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_f16(*s).to_le_bytes());
+            }
+        }
+        KvDtype::Bfloat16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_bf16(*s).to_le_bytes());
+            }
+        }
+        KvDtype::Q8_0 => {
+            for (d, s) in dst
+                .as_chunks_mut::<Q8_0_BLOCK_BYTES>()
+                .0
+                .iter_mut()
+                .zip(src.as_chunks::<QK8_0>().0)
+            {
+                quantize_block_q8_0(s, d);
+            }
+        }
+    }
+    true
+}
+
+/// Decodes `src` (whole rows of `dtype`) into `dst` f32 values.
+/// `src.len()` must be `dtype.row_bytes(dst.len())`; returns false otherwise.
+pub fn decode(dtype: KvDtype, src: &[u8], dst: &mut [f32]) -> bool {
+    if dtype == KvDtype::Q8_0 && !dst.len().is_multiple_of(QK8_0) {
+        return false;
+    }
+    if src.len() != dtype.row_bytes(dst.len()) {
+        return false;
+    }
+    match dtype {
+        KvDtype::Float32 => {
+            for (d, s) in dst.iter_mut().zip(src.as_chunks::<4>().0) {
+                *d = f32::from_le_bytes(*s);
+            }
+        }
+        KvDtype::Float16 => {
+            for (d, s) in dst.iter_mut().zip(src.as_chunks::<2>().0) {
+                *d = f16_to_f32(u16::from_le_bytes(*s));
+            }
+        }
+        KvDtype::Bfloat16 => {
+            for (d, s) in dst.iter_mut().zip(src.as_chunks::<2>().0) {
+                *d = bf16_to_f32(u16::from_le_bytes(*s));
+            }
+        }
+        KvDtype::Q8_0 => {
+            for (d, s) in dst
+                .as_chunks_mut::<QK8_0>()
+                .0
+                .iter_mut()
+                .zip(src.as_chunks::<Q8_0_BLOCK_BYTES>().0)
+            {
+                dequantize_block_q8_0(s, d);
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_round_trip_of_every_half_is_exact() {
+        for h in 0..=u16::MAX {
+            let x = f16_to_f32(h);
+            if x.is_nan() {
+                assert!(f16_to_f32(f32_to_f16(x)).is_nan());
+            } else {
+                assert_eq!(f32_to_f16(x), h, "half {h:#06x}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_rounds_ties_to_even() {
+        // 1 + 2^-11 is halfway between 1 and the next half: even is 1.0.
+        assert_eq!(f32_to_f16(1.0 + f32::powi(2.0, -11)), 0x3c00);
+        // 1 + 3 * 2^-11 is halfway between 1+2^-10 (odd) and 1+2^-9: rounds up.
+        assert_eq!(f32_to_f16(1.0 + 3.0 * f32::powi(2.0, -11)), 0x3c02);
+        assert_eq!(f32_to_f16(65520.0), 0x7c00);
+        assert_eq!(f32_to_f16(65519.0), 0x7bff);
+        assert_eq!(f32_to_f16(f32::powi(2.0, -25)), 0); // tie to even zero
+        assert_eq!(f32_to_f16(f32::powi(2.0, -25) * 1.5), 1);
+    }
+
+    #[test]
+    fn bf16_rounds_ties_to_even() {
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    #[test]
+    fn q8_0_block_matches_its_definition() {
+        let mut x = [0.0f32; 32];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = (i as f32 - 15.5) * 0.1;
+        }
+        let mut b = [0u8; 34];
+        quantize_block_q8_0(&x, &mut b);
+        let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        assert_eq!(u16::from_le_bytes([b[0], b[1]]), f32_to_f16(1.55 / 127.0));
+        assert_eq!(b[2] as i8, -127);
+        assert_eq!(b[33] as i8, 127);
+        let mut y = [0.0f32; 32];
+        dequantize_block_q8_0(&b, &mut y);
+        for (a, c) in x.iter().zip(&y) {
+            assert!((a - c).abs() <= d * 0.51 + 1e-6);
+        }
+    }
+
+    #[test]
+    fn names_and_codes_are_stable() {
+        for d in KvDtype::ALL {
+            assert_eq!(KvDtype::parse(d.name()), Ok(d));
+            assert_eq!(KvDtype::from_code(d.code()), Some(d));
+        }
+        assert!(KvDtype::parse("int4").is_err());
+        assert_eq!(KvDtype::Q8_0.row_bytes(128), 136);
+        assert!(KvDtype::Q8_0.check_head_dim(48).is_err());
+    }
+}
