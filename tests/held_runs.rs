@@ -27,7 +27,8 @@ fn cfg() -> CacheConfig {
 fn pool_row(cache: &KvSequenceCache, layer: usize, h: usize, slot: usize) -> Vec<f32> {
     let pool = cache.pool(layer).unwrap();
     let base = (h * pool.slots() + slot) * DIM;
-    pool.k()[base..base + DIM].to_vec()
+    let k = pool.k().f32().expect("a float32 pool");
+    k[base..base + DIM].to_vec()
 }
 
 fn check_held(cache: &KvSequenceCache, hist: &[Vec<Vec<f32>>]) {
