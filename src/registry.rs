@@ -80,6 +80,17 @@ impl<T: Clone> Registry<T> {
             .ok_or_else(|| CacheError::NotFound(format!("erase: no cache under key {key:?}")))
     }
 
+    /// Removes the cache under `key` only if `is_it` accepts it, in one step
+    /// under the lock (a check-then-erase could remove a cache someone else
+    /// installed in between). Returns whether it removed one.
+    pub fn erase_if(&self, key: &str, is_it: impl FnOnce(&T) -> bool) -> bool {
+        let mut map = lock(&self.caches);
+        match map.get(key) {
+            Some(c) if is_it(c) => map.remove(key).is_some(),
+            _ => false,
+        }
+    }
+
     pub fn contains(&self, key: &str) -> bool {
         lock(&self.caches).contains_key(key)
     }

@@ -102,3 +102,16 @@ fn two_threads_each_take_a_thousand_unique_keys() {
         global().erase(k).unwrap();
     }
 }
+
+#[test]
+fn erase_if_removes_only_the_cache_it_accepts() {
+    let reg: Registry<Arc<Mutex<SequenceCache>>> = Registry::new();
+    let mine = Arc::new(Mutex::new(SequenceCache::new(cfg()).unwrap()));
+    let theirs = Arc::new(Mutex::new(SequenceCache::new(cfg()).unwrap()));
+    reg.install("k", theirs.clone()).unwrap();
+    assert!(!reg.erase_if("k", |c| Arc::ptr_eq(c, &mine)));
+    assert!(Arc::ptr_eq(&reg.get("k").unwrap(), &theirs));
+    assert!(!reg.erase_if("absent", |_| true));
+    assert!(reg.erase_if("k", |c| Arc::ptr_eq(c, &theirs)));
+    assert!(!reg.contains("k"));
+}

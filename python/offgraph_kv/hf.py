@@ -32,7 +32,9 @@ Design
   ``config.max_position_embeddings``; pools grow by doubling from ``initial_capacity``, so unused
   capacity costs nothing). ``sliding_attention`` layers are ``Ring(window=sliding_window)`` with
   ``max_step = max(max_step, window)``, i.e. a pool depth of at most about twice the window:
-  enough to rewind by a window (beam reorder) and by ``max_step`` tokens (assisted decoding).
+  enough to rewind by ``max_step`` tokens (assisted decoding). A window at or above
+  ``max_cache_len`` (e.g. ``max_cache_len=256`` under Gemma 3's window of 512) makes the ring a
+  full layer: every held position is visible and the pool is at most ``max_cache_len`` deep.
   Other layer types (chunked, linear attention) are refused; KV-sharing ``dummy`` layers pass
   through.
 * **Precision.** Pools hold the model's dtype by default (``kv_dtype=None``: float32, float16 or
@@ -40,6 +42,10 @@ Design
   ``"bfloat16"``, ``"q8_0"`` by name. New rows go to ``update`` in their own 16-bit type when they
   are float16/bfloat16 (bfloat16 as raw bits), so only the new rows are ever converted, and they
   are rounded once, in the pool.
+* **One source of truth.** What a layer holds is asked of its cache: ``update`` returns the rows
+  of the spec's read runs, and every other read (batch ops, the long ring step) goes through
+  ``kv.held_runs(0, lo, hi)``, which answers with or without an open step, after any crop. No
+  copy of the last read is kept.
 * **Zero copy.** ``update`` writes the new rows and returns views of the pool over the spec's read
   run. A wrapped ring (two runs) is joined
   with one ``torch.cat``, bounded by the window. A flat layer never copies its history.
@@ -48,12 +54,16 @@ Design
   ``attn_implementation="offgraph"`` it is skipped and the kernel reads the pools in place). A
   q8_0 pool has no tensor view, so eager/sdpa (and the offgraph attention's fallbacks) get a
   dequantized float32 copy of the history each step; the offgraph attention itself reads the
-  blocks in place. (b) A ring step longer than its ``max_step`` (a long prompt
-  on a sliding layer): the returned tensor is the prior window (<= window-1 rows) concatenated with
-  the new rows, once per prefill. (c) Beam search, below.
-* **Beam search.** ``reorder_cache(beam_idx)`` gathers the visible history rows by ``beam_idx``
-  (``index_select``) and writes them back at the same positions: ``rewind`` by the visible length,
-  one ``begin_step``, one ``update``. An identity ``beam_idx`` costs nothing. Cell forks
+  blocks in place. (b) A ring step longer than its ``max_step`` (a long prompt on a sliding layer,
+  or a long message appended to a conversation): the prior window (<= window-1 rows) is copied
+  out before the chunked writes overwrite its slots, and returned concatenated with the new rows.
+  (c) Beam search, below.
+* **Beam search and batch ops.** ``reorder_cache``, ``batch_select_indices`` and
+  ``batch_repeat_interleave`` gather every held row by the batch index (``index_select``; all held
+  rows, not only the visible window, since a later crop may bring older ones back) and write them
+  back at the same positions: ``clear`` (or a new pool when the batch size changes), positions
+  below the held range stepped over unwritten, the rows rewritten, then the length and crop bound
+  restored exactly. An identity ``beam_idx`` costs nothing. Cell forks
   (``KvCellCache.seq_clone``) would make the reorder itself free, but eager and sdpa need a dense
   ``[batch, heads, L, dim]`` per row, which a cell layout can only serve by gathering the whole
   history every step, in every generation mode; the gather-on-reorder costs only in beam search.
@@ -64,7 +74,8 @@ Design
 * **Crop.** ``crop(-n)`` is ``rewind(length - n)`` on every layer. Ring pools keep
   ``window + max_step - 1`` rows, so any crop by at most ``max_step`` tokens succeeds (past
   recording is always on; ``activate_past_recording`` is a no-op) and ``is_croppable`` is True.
-  A deeper crop of a ring layer raises :class:`offgraph_kv.CacheError`.
+  A deeper crop of a ring layer raises :class:`offgraph_kv.InvalidArgumentError` naming the layer,
+  and changes no layer: every layer is checked before any is cropped.
 """
 
 from __future__ import annotations
@@ -78,6 +89,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, get_layer_types_and_kwargs
 
 from . import _native as _okv
+from ._errors import CacheError, InvalidArgumentError
 
 __all__ = [
     "ATTN_NAME",
@@ -157,11 +169,9 @@ class OffgraphLayer(CacheLayerMixin):
         self.n_heads = 0
         self.head_dim = 0
         self.dtype = torch.float32
+        # Torch views of the pools, refreshed by every write (the only time a pool can grow).
+        # What the pools hold is always asked of the cache (held_runs), never mirrored here.
         self._views: tuple[int, int, torch.Tensor, torch.Tensor] | None = None
-        # The rows of the last read: pool runs, and the positions [base, end) they hold.
-        self._runs: list[tuple[int, int]] = []
-        self._base = 0
-        self._end = 0
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -186,7 +196,6 @@ class OffgraphLayer(CacheLayerMixin):
         self.kv = _okv.KvSequenceCache(cfg)
         self.batch_size, self.n_heads, self.head_dim = int(batch), int(heads), int(head_dim)
         self._views = None
-        self._runs, self._base, self._end = [], 0, 0
         self.is_initialized = True
 
     # -- views ------------------------------------------------------------------------------------
@@ -202,30 +211,25 @@ class OffgraphLayer(CacheLayerMixin):
             self._views = (*key, kt.view(shape), vt.view(shape))
         return self._views[2], self._views[3]
 
-    def _rows(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of positions [lo, hi) from the last read runs: a view for one run, a cat for two."""
-        if lo < self._base or hi > self._end:
-            raise RuntimeError(
-                f"positions [{lo}, {hi}) are no longer held (the last read covers "
-                f"[{self._base}, {self._end}))"
-            )
+    def _gather(self, runs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of pool slot runs: a view for one run, a cat for two."""
+        if not runs:
+            empty = torch.empty(self.batch_size, self.n_heads, 0, self.head_dim, dtype=self.dtype)
+            return empty, empty
         assert self._views is not None
         kp, vp = self._views[2], self._views[3]
-        ks, vs = [], []
-        pos = self._base
-        for start, n in self._runs:
-            a, b = max(lo, pos), min(hi, pos + n)
-            if a < b:
-                s = start + (a - pos)
-                ks.append(kp[:, :, s : s + (b - a)])
-                vs.append(vp[:, :, s : s + (b - a)])
-            pos += n
-        if len(ks) == 1:
-            return ks[0], vs[0]
-        if not ks:
-            empty = kp[:, :, :0]
-            return empty, empty
+        if len(runs) == 1:
+            s, n = runs[0]
+            return kp[:, :, s : s + n], vp[:, :, s : s + n]
+        ks = [kp[:, :, s : s + n] for s, n in runs]
+        vs = [vp[:, :, s : s + n] for s, n in runs]
         return torch.cat(ks, dim=2), torch.cat(vs, dim=2)
+
+    def _rows(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of positions [lo, hi) as the cache holds them now (with or without an open step;
+        ``InvalidArgumentError`` if it no longer holds them). A one-run result is a view."""
+        assert self.kv is not None
+        return self._gather(self.kv.held_runs(0, lo, hi))
 
     def _out(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if (k.dtype != self.dtype or v.dtype != self.dtype) and not self.defer_dtype:
@@ -245,9 +249,6 @@ class OffgraphLayer(CacheLayerMixin):
             self.kv.rewind(self.kv.length - t)
             raise
         self._pool(spec)
-        self._runs = [tuple(r) for r in spec.read]
-        self._base = spec.read_base_pos
-        self._end = self.kv.length
         return spec
 
     # -- the CacheLayerMixin face -----------------------------------------------------------------
@@ -270,16 +271,18 @@ class OffgraphLayer(CacheLayerMixin):
             vin = vin.to(kin.dtype)
         if t <= self.max_step:
             spec = self._write(kin, vin)
-            k, v = self._rows(self._base, self._end)
+            k, v = self._gather(spec.read)
             if (k.dtype == self.dtype and v.dtype == self.dtype) or self.defer_dtype:
                 setattr(k, _SPEC_ATTR, (spec, self.batch_size))
             return self._out(k, v)
         # A ring step longer than max_step (a long prompt on a sliding layer): write it in chunks
-        # and return the prior window followed by all the new rows.
-        length = self.kv.length
-        lo = max(length - self.window + 1, 0) if self.window is not None else 0
-        hk, hv = self._rows(lo, length) if length > lo else (kin[:, :, :0], vin[:, :, :0])
-        hk, hv = hk.to(key_states.dtype), hv.to(value_states.dtype)  # a copy: the ring overwrites
+        # and return the prior window followed by all the new rows. The prior window is copied
+        # first: the chunks overwrite its slots (``.to`` alone returns the view when the pool
+        # holds the model's dtype).
+        lo, length = self._visible()
+        hk, hv = self._rows(lo, length)
+        hk = hk.to(key_states.dtype, copy=True)
+        hv = hv.to(value_states.dtype, copy=True)
         for s in range(0, t, self.max_step):
             self._write(kin[:, :, s : s + self.max_step], vin[:, :, s : s + self.max_step])
         keys = torch.cat([hk, key_states.detach()], dim=2)
@@ -297,7 +300,7 @@ class OffgraphLayer(CacheLayerMixin):
         return 0 if self.kv is None else self.kv.length
 
     def get_max_length(self) -> int:
-        return self.capacity if self.window is None else self.window
+        return self.capacity if self.window is None else min(self.window, self.capacity)
 
     def offload(self) -> None:  # host memory only
         pass
@@ -308,12 +311,12 @@ class OffgraphLayer(CacheLayerMixin):
     def reset(self) -> None:
         if self.kv is not None:
             self.kv.clear()
-        self._runs, self._base, self._end = [], 0, 0
 
     def activate_past_recording(self) -> None:
         """Always on: a ring keeps ``window + max_step - 1`` rows; crops within max_step work."""
 
-    def crop(self, tokens_to_remove: int) -> None:
+    def check_crop(self, tokens_to_remove: int) -> None:
+        """Raise what :meth:`crop` would raise, changing nothing."""
         if tokens_to_remove > 0:
             raise ValueError(
                 f"crop({tokens_to_remove}): pass a negative number of tokens to remove"
@@ -321,9 +324,18 @@ class OffgraphLayer(CacheLayerMixin):
         if tokens_to_remove == 0 or self.kv is None:
             return
         new_len = max(self.kv.length + tokens_to_remove, 0)
-        self.kv.rewind(new_len)
-        self._end = min(self._end, new_len)
-        self._base = min(self._base, self._end)
+        lowest = self.kv.min_rewind
+        if new_len < lowest:
+            raise InvalidArgumentError(
+                f"crop({tokens_to_remove}): length {new_len} is below {lowest}, the oldest "
+                f"length whose window keys this ring layer (window {self.window}) still holds"
+            )
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.check_crop(tokens_to_remove)
+        if tokens_to_remove == 0 or self.kv is None:
+            return
+        self.kv.rewind(max(self.kv.length + tokens_to_remove, 0))
 
     def _visible(self) -> tuple[int, int]:
         """Positions [lo, length) the next step may read."""
@@ -337,40 +349,50 @@ class OffgraphLayer(CacheLayerMixin):
         idx = beam_idx.to("cpu", torch.long)
         if idx.numel() == self.batch_size and torch.equal(idx, torch.arange(self.batch_size)):
             return
-        if idx.numel() != self.batch_size:
-            self._rebuild(idx)
-            return
-        lo, hi = self._visible()
+        self._regather(idx)
+
+    def _skip(self, n: int) -> None:
+        """Advance ``n`` positions without writing rows: positions no query will read."""
+        assert self.kv is not None
+        while n > 0:
+            step = min(self.max_step, n)
+            self.kv.begin_step(step)
+            n -= step
+
+    def _regather(self, idx: torch.Tensor) -> None:
+        """Row ``i`` of the batch becomes row ``idx[i]``, for every position the layer holds.
+
+        The held rows (all of them, not only the visible window: a later crop may expose the
+        rest) are gathered into copies, then rewritten at the same positions into the same pool
+        (a new one when the batch size changes). Positions below the held range and between the
+        length and the high-water mark are stepped over without writing, so the rebuilt cache
+        holds exactly what the old one did (same length, high-water mark and crop bound).
+        """
+        assert self.kv is not None
+        lo, hi = self.kv.held_range(0)
+        high = self.kv.high_water
         k, v = self._rows(lo, hi)
         k, v = k.index_select(0, idx), v.index_select(0, idx)  # copies: the rewrite reads them
-        self.kv.rewind(lo)
-        self._write(k, v)
-
-    def _rebuild(self, idx: torch.Tensor) -> None:
-        """A new pool for a new batch size: zero rows below the visible window, gathered above."""
-        lo, hi = self._visible()
-        k, v = self._rows(lo, hi)
-        k, v = k.index_select(0, idx), v.index_select(0, idx)
-        self._init(idx.numel(), self.n_heads, self.head_dim)
-        pos = 0
-        while pos < lo:  # ring layers only: positions stay absolute
-            n = min(self.max_step, lo - pos)
-            zeros = torch.zeros(self.batch_size, self.n_heads, n, self.head_dim)
-            self._write(zeros, zeros)
-            pos += n
+        if idx.numel() == self.batch_size:
+            self.kv.clear()
+        else:
+            self._init(idx.numel(), self.n_heads, self.head_dim)
+        self._skip(lo)
         for s in range(0, hi - lo, self.max_step):
             self._write(k[:, :, s : s + self.max_step], v[:, :, s : s + self.max_step])
+        self._skip(high - hi)
+        self.kv.rewind(hi)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.kv is not None and self.kv.length > 0:
-            self._rebuild(torch.arange(self.batch_size).repeat_interleave(repeats))
+            self._regather(torch.arange(self.batch_size).repeat_interleave(repeats))
         elif self.kv is not None:
             self._init(self.batch_size * repeats, self.n_heads, self.head_dim)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.kv is not None and self.kv.length > 0:
             idx = torch.arange(self.batch_size)[indices.to("cpu")]
-            self._rebuild(idx)
+            self._regather(idx)
 
 
 class OffgraphCache(Cache):
@@ -425,6 +447,18 @@ class OffgraphCache(Cache):
                 )
             )
         super().__init__(layers=layers)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last ``-tokens_to_remove`` tokens from every layer, or from none: every
+        layer is checked before any changes (``Cache.crop`` alone goes layer by layer, so a ring
+        layer refusing after a flat layer was cropped would leave them at different lengths)."""
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, OffgraphLayer):
+                try:
+                    layer.check_crop(tokens_to_remove)
+                except CacheError as e:
+                    raise type(e)(f"layer {i}: {e}") from None
+        super().crop(tokens_to_remove)
 
     def nbytes(self) -> int:
         """Bytes held by all pools."""

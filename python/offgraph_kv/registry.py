@@ -27,6 +27,12 @@ def erase(key: str) -> None:
     _native.erase(key)
 
 
+def erase_if_same(key: str, cache: Any) -> bool:
+    """Remove ``key`` only if it holds ``cache`` itself (identity), in one step under the
+    registry's lock; returns whether it did. ``CacheSession`` erases its own entry this way."""
+    return _native.erase_if_same(key, cache)
+
+
 def contains(key: str) -> bool:
     return _native.contains(key)
 
@@ -81,12 +87,15 @@ class CacheSession:
         return not self._open
 
     def close(self) -> None:
-        """Erase the key (idempotent)."""
+        """Erase the key if it still holds this session's cache (idempotent).
+
+        A cache someone else installed under the key after this session's entry
+        was erased is theirs: it stays.
+        """
         if self._open:
             self._open = False
-            self._cache = None
-            if contains(self._key):
-                erase(self._key)
+            cache, self._cache = self._cache, None
+            erase_if_same(self._key, cache)
 
     def __enter__(self) -> CacheSession:
         return self

@@ -1,9 +1,12 @@
 //! `KvSequenceCache`: a `SequenceCache` plus one K/V pool per layer.
 
+use std::ops::Range;
+
 use super::{check_rows, LayerPools, Pool};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
 use crate::error::Result;
+use crate::runs::Runs;
 use crate::sequence::{SeqStepPlan, SequenceCache};
 use crate::spec::{AttendSpec, KeyLayout};
 
@@ -78,6 +81,17 @@ impl KvSequenceCache {
 
     pub fn plan(&self, layer: usize) -> Result<SeqStepPlan> {
         self.seq.plan(layer)
+    }
+
+    /// Positions whose rows `layer` holds (see [`SequenceCache::held_range`]).
+    pub fn held_range(&self, layer: usize) -> Result<Range<usize>> {
+        self.seq.held_range(layer)
+    }
+
+    /// Pool slot runs holding positions `[lo, hi)` of `layer`, with or without
+    /// an open step (see [`SequenceCache::held_runs`]).
+    pub fn held_runs(&self, layer: usize, lo: usize, hi: usize) -> Result<Runs> {
+        self.seq.held_runs(layer, lo, hi)
     }
 
     pub fn pool(&self, layer: usize) -> Result<&Pool> {

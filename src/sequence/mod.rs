@@ -11,8 +11,11 @@ mod plan;
 
 pub use plan::SeqStepPlan;
 
+use std::ops::Range;
+
 use crate::config::{CacheConfig, LayerPolicy};
 use crate::error::{CacheError, Result};
+use crate::runs::Runs;
 
 /// The step opened by the last successful `begin_step`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +188,52 @@ impl SequenceCache {
         if self.step.take().is_some() {
             self.generation = self.generation.wrapping_add(1);
         }
+    }
+
+    /// Positions whose rows `layer` holds now: `[oldest, length)`, where `oldest`
+    /// is the first position its pool has not overwritten (0 for a flat layer;
+    /// `high_water - depth` for a ring once it wrapped). It is the cache's own
+    /// answer, valid with or without an open step and after any rewind: a
+    /// rewind drops positions from the top, and the overwritten ones at the
+    /// bottom stay lost until `clear`. The positions of an open step count as
+    /// held from `begin_step` on; their rows are what the layer's update wrote.
+    pub fn held_range(&self, layer: usize) -> Result<Range<usize>> {
+        let idx = self.policy_index(layer)?;
+        let policy = self
+            .policies
+            .get(idx)
+            .copied()
+            .ok_or_else(|| self.layer_error(layer))?;
+        let oldest = self
+            .high_water
+            .saturating_sub(self.cfg.depth(policy))
+            .min(self.length);
+        Ok(oldest..self.length)
+    }
+
+    /// The slot runs (oldest first; two when the ring wraps) holding positions
+    /// `[lo, hi)` of `layer`. Refused with `InvalidArgument` unless
+    /// `lo <= hi` and the range lies within [`Self::held_range`]; an empty
+    /// range gives no runs. Pure: it never changes the cache.
+    pub fn held_runs(&self, layer: usize, lo: usize, hi: usize) -> Result<Runs> {
+        let held = self.held_range(layer)?;
+        if lo > hi || lo < held.start || hi > held.end {
+            return Err(CacheError::InvalidArgument(format!(
+                "held_runs: positions [{lo}, {hi}) of layer {layer} are not held: it holds [{}, {})",
+                held.start, held.end
+            )));
+        }
+        let idx = self.policy_index(layer)?;
+        let policy = self
+            .policies
+            .get(idx)
+            .copied()
+            .ok_or_else(|| self.layer_error(layer))?;
+        Ok(Runs::ring(
+            lo,
+            hi.saturating_sub(lo),
+            self.cfg.depth(policy),
+        ))
     }
 
     /// The plan of the open step for `layer`: pure, the same on every call.

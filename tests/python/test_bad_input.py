@@ -409,6 +409,34 @@ def _seq_rows():
             )
         for prop in ("config", "high_water", "min_rewind", "step_open"):
             row(f"{n}.{prop}", "read-only", w, lambda x, p=prop: setattr(x.c, p, 0), AttributeError)
+        # length 12, ring depth 7: the ring holds [5, 12), the flat layer [0, 12)
+        for case, v, exc in BAD_INDEX_NONE + [("layer 2 of 2", 2, E.InvalidArgumentError)]:
+            row(f"{n}.held_range", case, w, lambda x, v=v: x.c.held_range(v), exc)
+            row(f"{n}.held_runs", f"layer {case}", w, lambda x, v=v: x.c.held_runs(v, 5, 12), exc)
+        for case, v, exc in BAD_INDEX_NONE:
+            row(f"{n}.held_runs", f"lo {case}", w, lambda x, v=v: x.c.held_runs(0, v, 12), exc)
+            row(f"{n}.held_runs", f"hi {case}", w, lambda x, v=v: x.c.held_runs(0, 5, v), exc)
+        for case, args in [
+            ("below what the ring holds", (0, 4, 12)),
+            ("past the length", (1, 0, 13)),
+            ("lo above hi", (1, 6, 5)),
+        ]:
+            row(
+                f"{n}.held_runs",
+                case,
+                w,
+                lambda x, a=args: x.c.held_runs(*a),
+                E.InvalidArgumentError,
+            )
+        row(
+            f"{n}.held_runs",
+            "no step open: accepted",
+            w,
+            lambda x: x.c.held_runs(0, 5, 11),
+            OK,
+            lambda _, res: sum(n for _, n in res) == 6,
+            prep=lambda x: x.c.rewind(11),
+        )
         for face in ("control", "planner"):
             row(f"{n}.{face}", "extra arg", w, lambda x, f=face: getattr(x.c, f)(1), TypeError)
         # faces hold a reference: they keep the cache alive
@@ -1018,6 +1046,7 @@ def _registry_rows():
         row("registry.get", f"key {case}", w, lambda _, v=v: r.get(v), exc)
         row("registry.erase", f"key {case}", w, lambda _, v=v: r.erase(v), exc)
         row("registry.contains", f"key {case}", w, lambda _, v=v: r.contains(v), exc)
+        row("registry.erase_if_same", f"key {case}", w, lambda _, v=v: r.erase_if_same(v, 1), exc)
         if v is not None:
             row("registry.unique_key", f"prefix {case}", w, lambda _, v=v: r.unique_key(v), exc)
         row(
@@ -1041,6 +1070,23 @@ def _registry_rows():
     row("registry.install", "taken key", w, lambda x: r.install(x.key, 2), E.KeyExistsError)
     row("registry.get", "missing key", w, lambda _: r.get("no such key"), E.NotFoundError)
     row("registry.erase", "missing key", w, lambda _: r.erase("no such key"), E.NotFoundError)
+    row(
+        "registry.erase_if_same",
+        "another cache under the key",
+        w,
+        lambda x: r.erase_if_same(x.key, object()),
+        OK,
+        lambda _, res: res is False,
+    )
+    row(
+        "registry.erase_if_same",
+        "missing key",
+        w,
+        lambda _: r.erase_if_same("no such key", None),
+        OK,
+        lambda _, res: res is False,
+    )
+    row("registry.erase_if_same", "one arg", w, lambda x: r.erase_if_same(x.key), TypeError)
     row(
         "registry.contains",
         "missing key",

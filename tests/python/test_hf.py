@@ -273,6 +273,129 @@ def test_importing_offgraph_kv_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.parametrize("attn", ["eager", ATTN_NAME])
+def test_second_turn_longer_than_max_step_matches_dynamic_cache(attn):
+    """A continued cache whose ring pools reached full depth, then a turn of more than max_step
+    tokens: the chunked writes must not overwrite the prior window before it is returned."""
+    # window 8, max_step raised to 8: ring depth 15. The full layer lets the last query see
+    # every position the ring layers produced, including those of the turn's first chunk.
+    model = make("gemma3", attn)
+    ids = prompt(20)
+    ref_cache, cache = DynamicCache(config=model.config), OffgraphCache(model.config, max_step=1)
+    ref1, got1 = gen(model, ids, ref_cache, n=6), gen(model, ids, cache, n=6)
+    assert_same(ref1, got1)
+    turn = prompt(19, seed=2)  # more than max_step new tokens in one forward
+    ref2 = gen(model, torch.cat([ref1.sequences, turn], 1), ref_cache, n=8)
+    got2 = gen(model, torch.cat([got1.sequences, turn], 1), cache, n=8)
+    assert_same(ref2, got2)
+
+
+def _filled(name: str, batch: int, steps: int, **kw) -> tuple[OffgraphCache, torch.Tensor]:
+    """A cache fed `steps` single-token steps on every layer; returns it and the K history
+    ``[batch, 2, steps, 16]`` (V is -K)."""
+    cache = OffgraphCache(make(name).config, **kw)
+    hist = torch.arange(batch * 2 * steps * 16, dtype=torch.float32).reshape(batch, 2, steps, 16)
+    for t in range(steps):
+        for layer in range(len(cache.layers)):
+            k = hist[:, :, t : t + 1]
+            cache.update(k, -k, layer)
+    return cache, hist
+
+
+@pytest.mark.parametrize("op", ["reorder", "select", "repeat", "long_step"])
+def test_batch_ops_after_a_crop_deeper_than_the_last_step(op):
+    """After crop(-5) following single-token steps the ring still holds the window; every batch op
+    (and a step longer than max_step) reads it from the cache, not from the last step's runs."""
+    cache, hist = _filled("mistral", 2, 30, max_step=8)  # ring depth 8 + 8 - 1 = 15
+    cache.crop(-5)
+    assert cache.get_seq_length() == 25
+    hist = hist[:, :, :25]
+    new = torch.full((2, 2, 1, 16), -7.0)
+    if op == "reorder":
+        cache.reorder_cache(torch.tensor([1, 0]))
+        hist = hist[[1, 0]]
+    elif op == "select":
+        cache.batch_select_indices(torch.tensor([1]))
+        hist, new = hist[[1]], new[:1]
+    elif op == "repeat":
+        cache.batch_repeat_interleave(2)
+        hist, new = hist.repeat_interleave(2, dim=0), new.repeat_interleave(2, dim=0)
+    else:
+        new = torch.full((2, 2, 10, 16), -7.0)
+    ko, vo = cache.update(new, -new, 0)
+    want = torch.cat([hist[:, :, -7:], new], dim=2)
+    torch.testing.assert_close(ko, want, atol=0, rtol=0)
+    torch.testing.assert_close(vo, -want, atol=0, rtol=0)
+    assert cache.get_seq_length() == 25 + new.shape[2]
+
+
+def _state(cache: OffgraphCache) -> list:
+    """Per layer: length, the held range and the held K/V rows, read from the pools."""
+    out = []
+    for layer in cache.layers:
+        lo, hi = layer.kv.held_range(0)
+        kp, vp = layer._views[2], layer._views[3]
+        runs = layer.kv.held_runs(0, lo, hi)
+        k = torch.cat([kp[:, :, s : s + n] for s, n in runs], dim=2)
+        v = torch.cat([vp[:, :, s : s + n] for s, n in runs], dim=2)
+        out.append((layer.kv.length, lo, hi, k.clone(), v.clone()))
+    return out
+
+
+def test_refused_crop_changes_no_layer():
+    """transformers' Cache.crop crops layer by layer: a ring layer refusing after a flat layer
+    was cropped would leave the layers at different lengths. Every layer is checked first."""
+    cfg = Gemma3TextConfig(
+        sliding_window=8, layer_types=["full_attention", "sliding_attention"], **TINY
+    )
+    cache = OffgraphCache(cfg, max_step=8)
+    assert [layer.is_sliding for layer in cache.layers] == [False, True]
+    rng = torch.Generator().manual_seed(3)
+    for _ in range(40):
+        for layer in range(2):
+            k = torch.randn(1, 2, 1, 16, generator=rng)
+            cache.update(k, k + 1, layer)
+    before = _state(cache)
+    with pytest.raises(okv.CacheError, match="layer 1"):
+        cache.crop(-20)
+    after = _state(cache)
+    for a, b in zip(before, after):
+        assert a[:3] == b[:3]
+        assert torch.equal(a[3], b[3]) and torch.equal(a[4], b[4])
+    cache.crop(-8)  # within max_step: every layer rewinds
+    assert [layer.kv.length for layer in cache.layers] == [32, 32]
+
+
+def test_cache_shorter_than_the_sliding_window_matches_dynamic_cache():
+    """max_cache_len below the window: the ring layers hold every position (a full layer)."""
+    model = make("gemma3", "eager")  # window 8
+    ids = prompt(4)
+    ref = gen(model, ids, DynamicCache(config=model.config), n=3)
+    cache = OffgraphCache(model.config, max_cache_len=6)
+    assert_same(ref, gen(model, ids, cache, n=3))
+    assert cache.get_seq_length() == 6
+
+
+@pytest.mark.parametrize("op", ["reorder", "select"])
+def test_a_crop_after_a_batch_op_finds_every_held_row_reordered(op):
+    """A batch op reorders every row the ring holds, not only the visible window: a later crop
+    within max_step brings older rows back into the window."""
+    cache, hist = _filled("mistral", 2, 30, max_step=8)  # ring depth 15: holds [15, 30)
+    idx = torch.tensor([1, 0]) if op == "reorder" else torch.tensor([1])
+    if op == "reorder":
+        cache.reorder_cache(idx)
+    else:
+        cache.batch_select_indices(idx)
+    hist = hist[idx]
+    assert cache.layers[0].kv.held_range(0) == (15, 30)
+    cache.crop(-8)  # length 22: the next step's window is [15, 22)
+    new = torch.full((len(idx), 2, 1, 16), -7.0)
+    ko, vo = cache.update(new, -new, 0)
+    want = torch.cat([hist[:, :, 15:22], new], dim=2)
+    torch.testing.assert_close(ko, want, atol=0, rtol=0)
+    torch.testing.assert_close(vo, -want, atol=0, rtol=0)
+
+
 def test_pools_default_to_the_model_dtype_and_views_stay_zero_copy():
     for dtype, name in [(torch.bfloat16, "bfloat16"), (torch.float16, "float16")]:
         cache = OffgraphCache(make("llama").config)

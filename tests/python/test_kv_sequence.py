@@ -174,3 +174,40 @@ def test_ring_window_above_capacity_is_a_full_layer_and_initial_capacity_clamps(
         np.testing.assert_array_equal(okv.attend(q, sr), okv.attend(q, sf))
     kr.rewind(0)  # a ring that never wraps never bounds a rewind
     assert kr.length == 0
+
+
+def test_held_runs_answer_with_no_step_open_and_refuse_what_is_not_held():
+    """gemma_like: ring window 8, max_step 4, depth 11. After 40 tokens and a rewind deeper than
+    the last step, the ring still holds [29, 36) in two runs; the pool rows there are the rows
+    written at those positions."""
+    kv = okv.KvSequenceCache(gemma_like())
+    for step in range(10):
+        kv.begin_step(4)
+        pos = np.arange(4 * step, 4 * step + 4, dtype=np.float32)
+        k = np.zeros((2, 4, 16), np.float32) + pos[:, None]  # every row holds its position
+        ring = kv.update(0, k, -k)
+        kv.update(1, k, -k)
+        spec = kv.update(2, k, -k)  # flat
+    kv.rewind(36)
+    assert not kv.step_open
+    assert kv.held_range(0) == (29, 36) and kv.held_range(2) == (0, 36)
+    assert kv.held_runs(0, 29, 36) == [(7, 4), (0, 3)]
+    assert kv.held_runs(2, 0, 36) == [(0, 36)]
+    np.testing.assert_array_equal(spec.k[0, :36, 0], np.arange(36, dtype=np.float32))
+    held = np.concatenate([ring.k[1, s : s + n, 0] for s, n in kv.held_runs(0, 29, 36)])
+    np.testing.assert_array_equal(held, np.arange(29, 36, dtype=np.float32))
+    before = (kv.length, kv.high_water, kv.held_range(0), kv.held_range(2), kv.step_open)
+    for layer, lo, hi in [(0, 28, 36), (0, 29, 37), (0, 33, 31), (2, 0, 37), (3, 0, 1)]:
+        with pytest.raises(okv.InvalidArgumentError):
+            kv.held_runs(layer, lo, hi)
+        assert (
+            kv.length,
+            kv.high_water,
+            kv.held_range(0),
+            kv.held_range(2),
+            kv.step_open,
+        ) == before
+    with pytest.raises(okv.InvalidArgumentError):
+        kv.held_range(3)
+    kv.clear()
+    assert kv.held_range(0) == (0, 0) and kv.held_runs(0, 0, 0) == []

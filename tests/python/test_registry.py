@@ -68,6 +68,32 @@ def test_session_erases_on_exit_and_close():
     assert not okv.registry.contains(k3)
 
 
+def test_session_never_erases_a_cache_someone_else_installed_under_its_key():
+    mine, theirs = okv.SequenceCache(gemma_like()), okv.SequenceCache(gemma_like())
+    # close(): the session's entry was erased by hand, then another cache took the key.
+    s = okv.CacheSession(mine, key="shared-key")
+    okv.registry.erase("shared-key")
+    okv.registry.install("shared-key", theirs)
+    s.close()
+    assert okv.registry.get("shared-key") is theirs
+    okv.registry.erase("shared-key")
+    # The finaliser, likewise.
+    s = okv.CacheSession(mine, key="shared-key")
+    okv.registry.erase("shared-key")
+    okv.registry.install("shared-key", theirs)
+    del s
+    gc.collect()
+    assert okv.registry.get("shared-key") is theirs
+    okv.registry.erase("shared-key")
+    # A session whose entry is still its own erases it, and only it.
+    s = okv.CacheSession(mine, key="shared-key")
+    okv.registry.install("other-key", theirs)
+    s.close()
+    assert not okv.registry.contains("shared-key")
+    assert okv.registry.get("other-key") is theirs
+    okv.registry.erase("other-key")
+
+
 def test_two_threads_take_a_thousand_unique_keys_each():
     out = [[], []]
 

@@ -37,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::install, m)?)?;
     m.add_function(wrap_pyfunction!(registry::get, m)?)?;
     m.add_function(wrap_pyfunction!(registry::erase, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::erase_if_same, m)?)?;
     m.add_function(wrap_pyfunction!(registry::contains, m)?)?;
     m.add_function(wrap_pyfunction!(registry::keys, m)?)?;
     m.add_function(wrap_pyfunction!(registry::unique_key, m)?)?;

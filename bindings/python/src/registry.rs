@@ -37,6 +37,16 @@ pub fn erase(key: &Bound<'_, PyAny>) -> PyResult<()> {
     reg().erase(&key).py_err().map(drop)
 }
 
+/// Removes `key` only if it still holds `cache` itself (identity), atomically;
+/// returns whether it did. A session erases its own entry this way.
+#[pyfunction]
+pub fn erase_if_same(key: &Bound<'_, PyAny>, cache: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let key = text(key, "key")?;
+    let ptr = cache.as_ptr();
+    // The removed object (if any) drops here, with the GIL held.
+    Ok(reg().erase_if(&key, |held| held.as_ptr() == ptr))
+}
+
 #[pyfunction]
 pub fn contains(key: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(reg().contains(&text(key, "key")?))

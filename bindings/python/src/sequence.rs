@@ -159,6 +159,35 @@ impl PySequenceCache {
             ro(slf, "plan")?.inner.seq().plan(layer).py_err()?,
         ))
     }
+    /// Positions `(lo, hi)` whose rows `layer` holds now: `[lo, hi)`, with or
+    /// without an open step (a ring loses its oldest positions as it wraps).
+    fn held_range(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+        let layer = index(layer, "layer")?;
+        let r = ro(slf, "held_range")?
+            .inner
+            .seq()
+            .held_range(layer)
+            .py_err()?;
+        Ok((r.start, r.end))
+    }
+    /// Pool slot runs `(start, length)` holding positions `[lo, hi)` of
+    /// `layer`, oldest first. `InvalidArgumentError` unless the range is held.
+    fn held_runs(
+        slf: &Bound<'_, Self>,
+        layer: &Bound<'_, PyAny>,
+        lo: &Bound<'_, PyAny>,
+        hi: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(usize, usize)>> {
+        let layer = index(layer, "layer")?;
+        let lo = index(lo, "lo")?;
+        let hi = index(hi, "hi")?;
+        let runs = ro(slf, "held_runs")?
+            .inner
+            .seq()
+            .held_runs(layer, lo, hi)
+            .py_err()?;
+        Ok(runs_list(&runs))
+    }
     fn __repr__(slf: &Bound<'_, Self>) -> String {
         let Ok(this) = slf.try_borrow() else {
             return "SequenceCache(<in use>)".to_string();
