@@ -24,6 +24,7 @@ pub use attention::{attend, attend_into, AttendOptions, Backend};
 pub use cell::{CellCache, CellStepPlan, SeqId};
 pub use config::{CacheConfig, LayerConfig, LayerPolicy};
 pub use error::{CacheError, Result};
+pub use kv::snapshot::{snapshot_info, SnapshotInfo};
 pub use kv::{KvCellCache, KvSequenceCache};
 pub use runs::{MaskKind, Run, Runs};
 pub use sequence::{SeqStepPlan, SequenceCache};
