@@ -19,6 +19,7 @@ from ._errors import (
     KeyExistsError,
     NotFoundError,
     ShapeError,
+    SnapshotError,
     StepError,
     UnknownSequenceError,
 )
@@ -40,6 +41,7 @@ from ._native import (
     SequencePlanner,
     __version__,
     attend,
+    snapshot_info,
 )
 from .registry import CacheSession
 
@@ -69,9 +71,11 @@ __all__ = [
     "SequenceControl",
     "SequencePlanner",
     "ShapeError",
+    "SnapshotError",
     "StepError",
     "UnknownSequenceError",
     "__version__",
     "attend",
     "registry",
+    "snapshot_info",
 ]
