@@ -236,11 +236,14 @@ class OffgraphLayer(CacheLayerMixin):
             return self._out(k, v)
         # A ring step longer than max_step (a long prompt on a sliding layer): write it in chunks
         # and return the prior window followed by all the new rows.
+        # The prior window is read after the first chunk is written: its read covers that window
+        # (which it cannot overwrite), also right after a restore, when no read came before.
         length = self.kv.length
         lo = max(length - self.window + 1, 0) if self.window is not None else 0
+        self._write(k32[:, :, : self.max_step], v32[:, :, : self.max_step])
         hk, hv = self._rows(lo, length) if length > lo else (k32[:, :, :0], v32[:, :, :0])
         hk, hv = hk.to(key_states.dtype), hv.to(value_states.dtype)  # a copy: the ring overwrites
-        for s in range(0, t, self.max_step):
+        for s in range(self.max_step, t, self.max_step):
             self._write(k32[:, :, s : s + self.max_step], v32[:, :, s : s + self.max_step])
         keys = torch.cat([hk, key_states.detach()], dim=2)
         values = torch.cat([hv, value_states.detach()], dim=2)
@@ -377,6 +380,26 @@ class OffgraphCache(Cache):
                 )
             )
         super().__init__(layers=layers)
+        n_heads = getattr(text, "num_attention_heads", 1)
+        self._kv_geometry = (
+            getattr(text, "num_key_value_heads", None) or n_heads,
+            getattr(text, "head_dim", None) or text.hidden_size // n_heads,
+        )
+
+    def kv_caches(self, batch_size: int = 1, dtype: torch.dtype | None = None) -> list[Any]:
+        """Each layer's :class:`~offgraph_kv.KvSequenceCache` (``None`` for a pass-through layer),
+        making empty pools for ``batch_size`` rows where a layer has not run yet (the prefix store
+        restores into them). ``dtype``: the model's dtype for such layers (default float32)."""
+        out: list[Any] = []
+        for layer in self.layers:
+            if not isinstance(layer, OffgraphLayer):
+                out.append(None)
+                continue
+            if layer.kv is None:
+                layer._init(batch_size, *self._kv_geometry)
+                layer.dtype = dtype or torch.float32
+            out.append(layer.kv)
+        return out
 
     def nbytes(self) -> int:
         """Bytes held by all pools."""
