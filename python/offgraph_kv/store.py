@@ -391,7 +391,9 @@ class PrefixStore:
             blobs = [kv.save_state(e, start=s) for kv in kvs]
             value = encode_value(tokens[s:e], blobs)
             if len(value) > MAX_VALUE_BYTES:
-                failed.append((k, f"value of {len(value)} bytes is over the limit; lower chunk_tokens"))
+                failed.append(
+                    (k, f"value of {len(value)} bytes is over the limit; lower chunk_tokens")
+                )
                 continue
             items.append((key, value))
             idx.append(k)

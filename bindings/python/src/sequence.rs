@@ -257,10 +257,12 @@ impl PyKvSequenceCache {
         Ok(kv_ref(&this)?.pool(layer).py_err()?.slots())
     }
 
-    /// A snapshot (bytes) of positions `[start, upto)` (`upto=None`: the
-    /// length). With `start=0` it restores into an empty cache; a range with
-    /// `start > 0` (a prefix chunk) continues a cache of that length, alone or
-    /// in a chain (`load_state([a, b, ...])`).
+    /// A snapshot (bytes) of positions `[0, upto)` (`upto=None`: the length)
+    /// that restores into an empty cache; refused when a ring layer no longer
+    /// holds the tail `upto` needs. With `start`, a range `[start, upto)` (a
+    /// prefix chunk) that continues a cache of length `start`, alone or in a
+    /// chain (`load_state([a, b, ...])`); its ring layers carry what they still
+    /// hold, so an early range may load only inside a chain.
     #[pyo3(signature = (upto=None, *, start=None))]
     fn save_state(
         slf: &Bound<'_, Self>,
@@ -268,15 +270,14 @@ impl PyKvSequenceCache {
         start: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<pyo3::types::PyBytes>> {
         let upto = crate::args::opt_index(upto, "upto")?;
-        let start = crate::args::opt_index(start, "start")?.unwrap_or(0);
+        let start = crate::args::opt_index(start, "start")?;
         let this = ro(slf.as_super(), "save_state")?;
         let cache = kv_ref(&this)?;
-        let data = if start == 0 {
-            cache.save_state(upto).py_err()?
-        } else {
-            cache
-                .save_range(start, upto.unwrap_or(cache.length()))
-                .py_err()?
+        let data = match start {
+            None => cache.save_state(upto).py_err()?,
+            Some(s) => cache
+                .save_range(s, upto.unwrap_or(cache.length()))
+                .py_err()?,
         };
         Ok(crate::snapshot::to_bytes(slf.py(), data))
     }
