@@ -7,7 +7,7 @@ Usage::
     store = PrefixStore(RedisBackend("redis://127.0.0.1:6379/0"))
     cache = OffgraphCache(model.config)
     n = store.load(cache, prompt_ids)          # tokens restored (at most len - 1)
-    out = model.generate(prompt, past_key_values=cache, ...)   # prefills the rest only
+    out = model.generate(prompt, cache=cache, ...)   # prefills the rest only
     store.save(cache, prompt_ids)              # chunks written
 
 Design
