@@ -217,3 +217,24 @@ def test_losing_a_cluster_node_degrades_to_misses(fresh_cluster):
         warnings.simplefilter("ignore")
         res = store.save(a, prompt(161, seed=6))
     assert len(res.failed) + int(res) == 20 and res.failed
+
+
+def test_cli_stats_and_clear(redis_server):
+    import subprocess
+    import sys
+
+    store = PrefixStore(RedisBackend(redis_server.url), chunk_tokens=CHUNK, namespace="cli")
+    tokens = prompt(41, seed=8)
+    a = okv.KvSequenceCache(config())
+    prefill(a, tokens)
+    assert store.save(a, tokens) == 5
+
+    def cli(*args):
+        cmd = [sys.executable, "-m", "offgraph_kv", "store", *args, "--url", redis_server.url]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "5 chunks" in cli("stats", "--namespace", "cli")
+    assert "deleted 5 chunks" in cli("clear", "--namespace", "cli")
+    assert store.stats()["keys"] == 0
