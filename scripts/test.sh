@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # torch (CPU use; PyPI wheel), transformers and matplotlib: the hf adapter tests and bench --quick.
-PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7" . scripts/setup.sh
+# redis: the prefix store tests (they start Debian's redis-server on loopback).
+PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 redis>=5" . scripts/setup.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
