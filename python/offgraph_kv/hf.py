@@ -385,11 +385,14 @@ class OffgraphCache(Cache):
             getattr(text, "num_key_value_heads", None) or n_heads,
             getattr(text, "head_dim", None) or text.hidden_size // n_heads,
         )
+        dtype = getattr(text, "dtype", None)
+        self._model_dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
 
     def kv_caches(self, batch_size: int = 1, dtype: torch.dtype | None = None) -> list[Any]:
         """Each layer's :class:`~offgraph_kv.KvSequenceCache` (``None`` for a pass-through layer),
         making empty pools for ``batch_size`` rows where a layer has not run yet (the prefix store
-        restores into them). ``dtype``: the model's dtype for such layers (default float32)."""
+        restores into them). ``dtype``: the model's dtype for such layers (default: the config's).
+        """
         out: list[Any] = []
         for layer in self.layers:
             if not isinstance(layer, OffgraphLayer):
@@ -397,9 +400,17 @@ class OffgraphCache(Cache):
                 continue
             if layer.kv is None:
                 layer._init(batch_size, *self._kv_geometry)
-                layer.dtype = dtype or torch.float32
+                layer.dtype = dtype or self._model_dtype
             out.append(layer.kv)
         return out
+
+    def drop_empty_layers(self) -> None:
+        """Forgets the pools of layers that hold no token, so the next forward sets them up for
+        its own batch size and dtype (after a prefix-store miss)."""
+        for layer in self.layers:
+            if isinstance(layer, OffgraphLayer) and layer.kv is not None and not layer.kv.length:
+                layer.kv = None
+                layer.is_initialized = False
 
     def nbytes(self) -> int:
         """Bytes held by all pools."""

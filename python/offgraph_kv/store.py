@@ -447,8 +447,15 @@ class PrefixStore:
         usable = max(len(tokens) - 1, 0)
         keys = self._keys(_fingerprint(kvs), tokens[:usable])
         if not keys:
+            if hasattr(cache, "drop_empty_layers"):
+                cache.drop_empty_layers()
             return 0
-        hits = self._lookup(keys, tokens, len(kvs))
+        restored = self._restore(kvs, self._lookup(keys, tokens, len(kvs)))
+        if not restored and hasattr(cache, "drop_empty_layers"):
+            cache.drop_empty_layers()
+        return restored
+
+    def _restore(self, kvs: Sequence[Any], hits: list[list[memoryview]]) -> int:
         # Try the longest chain first; the core refuses a chain whose ring tail has a hole.
         for n in range(len(hits), 0, -1):
             if not all(_okv.snapshot_info(b)["complete"] for b in hits[n - 1]):

@@ -238,3 +238,41 @@ def test_cli_stats_and_clear(redis_server):
     assert "5 chunks" in cli("stats", "--namespace", "cli")
     assert "deleted 5 chunks" in cli("clear", "--namespace", "cli")
     assert store.stats()["keys"] == 0
+
+
+def test_offgraph_cache_miss_leaves_layers_to_the_forward():
+    import torch
+    from offgraph_kv.hf import OffgraphCache
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    store = PrefixStore(MemoryBackend(1 << 24), chunk_tokens=4)
+    cache = OffgraphCache(model.config)
+    assert store.load(cache, list(range(1, 12))) == 0
+    # A miss leaves nothing set up: a batch of 2 in bfloat16 runs as without the store.
+    batch = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    out = model.generate(batch, cache=cache, max_new_tokens=2, do_sample=False)
+    fresh = OffgraphCache(model.config)
+    ref = model.generate(batch, cache=fresh, max_new_tokens=2, do_sample=False)
+    assert torch.equal(out, ref)
+    # A hit restores into bfloat16-model layers and generates the same tokens.
+    ids = torch.tensor([list(range(1, 14))])
+    first = OffgraphCache(model.config)
+    model.generate(ids, cache=first, max_new_tokens=1, do_sample=False)
+    assert store.save(first, ids[0].tolist()) == 3
+    again = OffgraphCache(model.config)
+    assert store.load(again, ids[0].tolist()) == 12
+    got = model.generate(ids, cache=again, max_new_tokens=3, do_sample=False)
+    want = model.generate(ids, cache=OffgraphCache(model.config), max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, want)
