@@ -16,7 +16,7 @@ Redis hit at least 10x faster), the median ``load`` time alone and its throughpu
 mode's first token is checked against the full prefill's. The servers are started and stopped
 here (Debian's ``redis-server``).
 
-    python benches/bench_store.py [--reps 5] [--json out.json]
+    python benches/bench_store.py [--reps 5] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -70,7 +70,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     srv = _servers()
     model = load_gemma()
     model.generation_config.eos_token_id = None

@@ -119,6 +119,8 @@ class OffgraphLayer(CacheLayerMixin):
             self.max_step = min(max(int(max_step), self.window), self.capacity)
         self.initial_capacity = max(1, min(int(initial_capacity), self.capacity))
         self.defer_dtype = defer_dtype
+        # Set up without a forward (a prefix-store restore): take the dtype of the first update.
+        self._adopt_dtype = False
         self.kv: _okv.KvSequenceCache | None = None
         self.batch_size = 0
         self.n_heads = 0
@@ -219,6 +221,8 @@ class OffgraphLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        elif self._adopt_dtype:
+            self.dtype, self._adopt_dtype = key_states.dtype, False
         assert self.kv is not None
         b, h, t, d = key_states.shape
         if (b, h, d) != (self.batch_size, self.n_heads, self.head_dim):
@@ -385,14 +389,11 @@ class OffgraphCache(Cache):
             getattr(text, "num_key_value_heads", None) or n_heads,
             getattr(text, "head_dim", None) or text.hidden_size // n_heads,
         )
-        dtype = getattr(text, "dtype", None)
-        self._model_dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
 
-    def kv_caches(self, batch_size: int = 1, dtype: torch.dtype | None = None) -> list[Any]:
+    def kv_caches(self, batch_size: int = 1) -> list[Any]:
         """Each layer's :class:`~offgraph_kv.KvSequenceCache` (``None`` for a pass-through layer),
         making empty pools for ``batch_size`` rows where a layer has not run yet (the prefix store
-        restores into them). ``dtype``: the model's dtype for such layers (default: the config's).
-        """
+        restores into them; such a layer takes the model's dtype from its first update)."""
         out: list[Any] = []
         for layer in self.layers:
             if not isinstance(layer, OffgraphLayer):
@@ -400,7 +401,7 @@ class OffgraphCache(Cache):
                 continue
             if layer.kv is None:
                 layer._init(batch_size, *self._kv_geometry)
-                layer.dtype = dtype or self._model_dtype
+                layer._adopt_dtype = True
             out.append(layer.kv)
         return out
 
