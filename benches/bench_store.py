@@ -2,8 +2,8 @@
 
 The prompt is a 2,048-token shared prefix plus 32 new tokens. One process prefills the whole
 prompt once and saves its chunks (256 tokens each) to every backend; then, round-robin so they
-share the machine's noise (the order rotates every round), each mode starts from an empty ``OffgraphCache`` and runs
-``model.generate(..., max_new_tokens=1)``:
+share the machine's noise (the order rotates every round), each mode starts from an empty
+``OffgraphCache`` and runs ``model.generate(..., max_new_tokens=1)``:
 
 * ``full``: prefill all 2,080 tokens;
 * ``memory`` / ``redis`` / ``cluster``: ``PrefixStore.load`` (2,048 tokens restored from a
