@@ -39,7 +39,7 @@ PREFIX, NEW, CHUNK = 2048, 32, 256
 
 def _servers():
     """The loopback server helpers of the store tests."""
-    path = Path(__file__).resolve().parent.parent / "tests/python/store/conftest.py"
+    path = Path(__file__).resolve().parent.parent / "tests/python/prefix_store/conftest.py"
     spec = importlib.util.spec_from_file_location("store_servers", path)
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None

@@ -169,7 +169,7 @@ def decode_ref(tokens, token):
 
 
 def test_unreachable_server_is_a_miss_with_a_warning():
-    from conftest import free_port
+    from .conftest import free_port
 
     for url in [f"redis://127.0.0.1:{free_port()}/0", f"redis-cluster://127.0.0.1:{free_port()}"]:
         store = PrefixStore(RedisBackend(url, timeout=0.5), chunk_tokens=CHUNK)
