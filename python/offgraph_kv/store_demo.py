@@ -125,8 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.role == "both":
         return two_processes(a.url, a.prompt_len, a.new_tokens)
+    # "full" is a load from an empty namespace: a miss, so generate prefills everything.
     role = "load" if a.role == "full" else a.role
-    print(json.dumps(run_role(role, a.url, a.prompt_len, a.new_tokens, a.namespace)))
+    res = run_role(role, a.url, a.prompt_len, a.new_tokens, a.namespace)
+    print(json.dumps({**res, "role": a.role}))
     return 0
 
 
