@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-APT_PKGS=(build-essential pkg-config libxnnpack-dev valgrind)
+APT_PKGS=(build-essential pkg-config libxnnpack-dev valgrind redis-server)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

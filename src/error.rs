@@ -27,6 +27,9 @@ pub enum CacheError {
     StepProtocol(String),
     /// A backend (XNNPACK) failed.
     Backend(String),
+    /// A snapshot that cannot be loaded: truncated, damaged, foreign (another
+    /// model or layout), newer-format, or not continuing this cache's state.
+    Snapshot(String),
 }
 
 impl CacheError {
@@ -42,6 +45,7 @@ impl CacheError {
             CacheError::UnknownSequence(_) => "UnknownSequence",
             CacheError::StepProtocol(_) => "StepProtocol",
             CacheError::Backend(_) => "Backend",
+            CacheError::Snapshot(_) => "Snapshot",
         }
     }
 
@@ -56,7 +60,8 @@ impl CacheError {
             | CacheError::OutOfCapacity(m)
             | CacheError::UnknownSequence(m)
             | CacheError::StepProtocol(m)
-            | CacheError::Backend(m) => m,
+            | CacheError::Backend(m)
+            | CacheError::Snapshot(m) => m,
         }
     }
 }

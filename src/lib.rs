@@ -27,6 +27,7 @@ pub use cell::{CellCache, CellStepPlan, SeqId};
 pub use config::{CacheConfig, LayerConfig, LayerPolicy};
 pub use dtype::{KvDtype, KvRows, RowsIn};
 pub use error::{CacheError, Result};
+pub use kv::snapshot::{snapshot_info, SnapshotInfo};
 pub use kv::{KvCellCache, KvSequenceCache};
 pub use runs::{MaskKind, Run, Runs};
 pub use sequence::{SeqStepPlan, SequenceCache};

@@ -19,6 +19,7 @@ from ._errors import (
     KeyExistsError,
     NotFoundError,
     ShapeError,
+    SnapshotError,
     StepError,
     UnknownSequenceError,
 )
@@ -44,6 +45,7 @@ from ._native import (
     dequantize,
     first_visible,
     ring_keep,
+    snapshot_info,
 )
 from .registry import CacheSession
 
@@ -73,6 +75,7 @@ __all__ = [
     "SequenceControl",
     "SequencePlanner",
     "ShapeError",
+    "SnapshotError",
     "StepError",
     "UnknownSequenceError",
     "__version__",
@@ -82,4 +85,5 @@ __all__ = [
     "dequantize",
     "registry",
     "ring_keep",
+    "snapshot_info",
 ]

@@ -54,6 +54,10 @@ class BackendError(CacheError, RuntimeError):
     """An attention backend (XNNPACK) failed."""
 
 
+class SnapshotError(CacheError, ValueError):
+    """A snapshot that cannot be loaded: truncated, damaged, foreign, newer, or not continuing."""
+
+
 __all__ = [
     "CacheError",
     "ConfigError",
@@ -66,4 +70,5 @@ __all__ = [
     "StepError",
     "UnknownSequenceError",
     "BackendError",
+    "SnapshotError",
 ]

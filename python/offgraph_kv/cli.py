@@ -144,6 +144,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return cmd(args)
 
 
+def cmd_store(args: argparse.Namespace) -> int:
+    """``store stats|clear|demo``: keys and bytes of the prefix store, deleting them, or the
+    two-process demo on Gemma 3 270M."""
+    if args.action == "demo":
+        from .store_demo import two_processes
+
+        return two_processes(args.url, args.prompt_len, args.new_tokens)
+    from .store import MemoryBackend, RedisBackend
+
+    backend = MemoryBackend() if args.url == "memory" else RedisBackend(args.url)
+    prefix = f"okv:{args.namespace}:" if args.namespace else "okv:"
+    if args.action == "stats":
+        st = backend.stats(prefix)
+        per = st["bytes"] / st["keys"] if st["keys"] else 0
+        print(f"{args.url} {prefix}*: {st['keys']} chunks, {st['bytes']} bytes ({per:.0f} each)")
+    else:
+        print(f"{args.url} {prefix}*: deleted {backend.clear(prefix)} chunks")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offgraph-kv", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -186,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     plans.add_argument("--window", type=_positive, default=512, help="ring window (default 512)")
     plans.add_argument("--layers", type=_positive, default=12, help="layers (default 12)")
     plans.set_defaults(func=cmd_plans)
+    store = sub.add_parser("store", help="the prefix store: stats, clear, or a two-process demo")
+    store.add_argument("action", choices=["stats", "clear", "demo"])
+    store.add_argument("--url", required=True, help="redis://host:port/db or redis-cluster://...")
+    store.add_argument("--namespace", default=None, help="one store's keys (default: all)")
+    store.add_argument("--prompt-len", type=_positive, default=700, help="demo prompt (700)")
+    store.add_argument("--new-tokens", type=_positive, default=8, help="demo tokens (8)")
+    store.set_defaults(func=cmd_store)
     return p
 
 

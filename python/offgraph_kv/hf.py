@@ -164,6 +164,8 @@ class OffgraphLayer(CacheLayerMixin):
             self.max_step = min(max(int(max_step), self.window), self.capacity)
         self.initial_capacity = max(1, min(int(initial_capacity), self.capacity))
         self.defer_dtype = defer_dtype
+        # Set up without a forward (a prefix-store restore): take the dtype of the first update.
+        self._adopt_dtype = False
         self.kv: _okv.KvSequenceCache | None = None
         self.batch_size = 0
         self.n_heads = 0
@@ -258,6 +260,8 @@ class OffgraphLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        elif self._adopt_dtype:
+            self.dtype, self._adopt_dtype = key_states.dtype, False
         assert self.kv is not None
         b, h, t, d = key_states.shape
         if (b, h, d) != (self.batch_size, self.n_heads, self.head_dim):
@@ -447,6 +451,40 @@ class OffgraphCache(Cache):
                 )
             )
         super().__init__(layers=layers)
+        n_heads = getattr(text, "num_attention_heads", 1)
+        self._kv_geometry = (
+            getattr(text, "num_key_value_heads", None) or n_heads,
+            getattr(text, "head_dim", None) or text.hidden_size // n_heads,
+        )
+        # The model's dtype where the config names it: a layer the prefix store restores
+        # before any forward gets pools of the dtype the forward would have chosen.
+        dtype = getattr(config, "dtype", None)
+        self._model_dtype = dtype if isinstance(dtype, torch.dtype) else None
+
+    def kv_caches(self, batch_size: int = 1) -> list[Any]:
+        """Each layer's :class:`~offgraph_kv.KvSequenceCache` (``None`` for a pass-through layer),
+        making empty pools for ``batch_size`` rows where a layer has not run yet (the prefix store
+        restores into them; such a layer takes the model's dtype from its first update)."""
+        out: list[Any] = []
+        for layer in self.layers:
+            if not isinstance(layer, OffgraphLayer):
+                out.append(None)
+                continue
+            if layer.kv is None:
+                if self._model_dtype is not None:
+                    layer.dtype = self._model_dtype
+                layer._init(batch_size, *self._kv_geometry)
+                layer._adopt_dtype = True
+            out.append(layer.kv)
+        return out
+
+    def drop_empty_layers(self) -> None:
+        """Forgets the pools of layers that hold no token, so the next forward sets them up for
+        its own batch size and dtype (after a prefix-store miss)."""
+        for layer in self.layers:
+            if isinstance(layer, OffgraphLayer) and layer.kv is not None and not layer.kv.length:
+                layer.kv = None
+                layer.is_initialized = False
 
     def crop(self, tokens_to_remove: int) -> None:
         """Remove the last ``-tokens_to_remove`` tokens from every layer, or from none: every

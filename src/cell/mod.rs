@@ -42,6 +42,7 @@ mod audit;
 mod ids;
 mod placement;
 mod plan;
+mod restore;
 mod ring;
 mod table;
 mod visibility;

@@ -68,6 +68,11 @@ impl KvCellCache {
         self.pools.get(layer)
     }
 
+    /// Bookkeeping and pools together, for snapshots (`kv::snapshot`).
+    pub(crate) fn parts_mut(&mut self) -> (&mut CellCache, &mut LayerPools) {
+        (&mut self.cells, &mut self.pools)
+    }
+
     /// Bytes the pools of `layer` hold.
     pub fn nbytes(&self, layer: usize) -> Result<usize> {
         self.pools.nbytes(layer)

@@ -8,6 +8,7 @@ mod cell;
 mod pool;
 mod pools;
 mod seq;
+pub mod snapshot;
 
 pub use buffer::Buffer;
 pub use cell::KvCellCache;

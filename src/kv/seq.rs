@@ -98,6 +98,11 @@ impl KvSequenceCache {
         self.pools.get(layer)
     }
 
+    /// Bookkeeping and pools together, for snapshots (`kv::snapshot`).
+    pub(crate) fn parts_mut(&mut self) -> (&mut SequenceCache, &mut LayerPools) {
+        (&mut self.seq, &mut self.pools)
+    }
+
     /// Bytes the pools of `layer` hold.
     pub fn nbytes(&self, layer: usize) -> Result<usize> {
         self.pools.nbytes(layer)

@@ -36,6 +36,9 @@ pub struct SequenceCache {
     /// Highest length reached since the last clear: what bounds a ring rewind.
     high_water: usize,
     step: Option<Step>,
+    /// Per policy, the lowest position a restored snapshot left intact (0: no
+    /// restore since the last clear). Positions below it were never written.
+    floors: Vec<usize>,
     /// Counts opened and closed steps, so a consumer can tell a stale plan.
     generation: u64,
 }
@@ -45,8 +48,10 @@ impl SequenceCache {
     pub fn new(cfg: CacheConfig) -> Result<Self> {
         cfg.validate()?;
         let (policies, layer_policy) = cfg.distinct_policies()?;
+        let floors = vec![0; policies.len()];
         Ok(SequenceCache {
             cfg,
+            floors,
             policies,
             layer_policy,
             length: 0,
@@ -142,12 +147,10 @@ impl SequenceCache {
     /// `high_water - max_step` (the ring holds `window + max_step - 1` slots).
     pub fn min_rewind(&self) -> usize {
         let mut lo = 0;
-        for p in &self.policies {
+        for (i, p) in self.policies.iter().enumerate() {
             if let LayerPolicy::Ring { window } = *p {
-                let depth = self.cfg.depth(*p);
-                // Positions below high_water - depth were overwritten; the next
-                // query at new_len needs new_len - window + 1 onwards.
-                let oldest_intact = self.high_water.saturating_sub(depth);
+                // The next query at new_len needs new_len - window + 1 onwards.
+                let oldest_intact = self.oldest_intact(i);
                 let need = oldest_intact.saturating_add(window).saturating_sub(1);
                 if oldest_intact > 0 {
                     lo = lo.max(need);
@@ -155,6 +158,42 @@ impl SequenceCache {
             }
         }
         lo.min(self.length)
+    }
+
+    /// The lowest position policy `idx`'s pool still holds (0 for a flat
+    /// layer): a ring overwrote positions below `high_water - depth`, and a
+    /// restored snapshot may have carried only a tail.
+    pub fn oldest_intact(&self, idx: usize) -> usize {
+        match self.policies.get(idx) {
+            Some(p @ LayerPolicy::Ring { .. }) => {
+                let floor = self.floors.get(idx).copied().unwrap_or(0);
+                self.high_water
+                    .saturating_sub(self.cfg.depth(*p))
+                    .max(floor)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Sets the length to `length` after a snapshot wrote the rows of
+    /// `[self.length(), length)`, with `floors[i]` the lowest position policy
+    /// `i` now holds intact. Closes the step. The byte layer has checked
+    /// everything; this only refuses sizes that do not fit the config.
+    pub(crate) fn restore(&mut self, length: usize, floors: &[usize]) -> Result<()> {
+        if length > self.cfg.capacity || length < self.length || floors.len() != self.floors.len() {
+            return Err(CacheError::Snapshot(format!(
+                "restore: length {length} with {} floors does not fit (length {}, capacity {}, {} policies)",
+                floors.len(),
+                self.length,
+                self.cfg.capacity,
+                self.floors.len()
+            )));
+        }
+        self.floors.copy_from_slice(floors);
+        self.length = length;
+        self.high_water = self.high_water.max(length);
+        self.close_step();
+        Ok(())
     }
 
     /// Drops the tokens from `new_len` on and closes the step. Refused (nothing
@@ -181,6 +220,7 @@ impl SequenceCache {
     pub fn clear(&mut self) {
         self.length = 0;
         self.high_water = 0;
+        self.floors.fill(0);
         self.close_step();
     }
 

@@ -1241,6 +1241,78 @@ for _prop in [p for p in dir(okv.SeqStepPlan) if not p.startswith("_")]:
     )
 
 
+# --- snapshots
+
+
+def _snapshot_rows():
+    n = "KvSequenceCache"
+    w = lambda: seq_world(okv.KvSequenceCache)  # noqa: E731
+    good = seq_world(okv.KvSequenceCache).c.save_state()
+    for case, v, exc in BAD_INDEX + [("upto 13 > length 12", 13, E.InvalidArgumentError)]:
+        row(f"{n}.save_state", f"upto {case}", w, lambda x, v=v: x.c.save_state(v), exc)
+    for case, v, exc in BAD_INDEX + [("start 13 > upto 12", 13, E.InvalidArgumentError)]:
+        row(f"{n}.save_state", f"start {case}", w, lambda x, v=v: x.c.save_state(start=v), exc)
+    row(f"{n}.save_state", "upto 2: ring tail overwritten", w, lambda x: x.c.save_state(2),
+        E.InvalidArgumentError)  # fmt: skip
+    row(f"{n}.save_state", "round trip", w, lambda x: x.c.save_state(), OK,
+        lambda x, r: isinstance(r, bytes) and r == good)  # fmt: skip
+    bad_data = [
+        ("str", "data", E.DTypeError),
+        ("int", 3, E.DTypeError),
+        ("None", None, E.DTypeError),
+        ("array", np.zeros(8, np.uint8), E.DTypeError),
+        ("list of int", [1], E.DTypeError),
+        ("empty list", [], E.SnapshotError),
+        ("empty bytes", b"", E.SnapshotError),
+        ("truncated", good[:-1], E.SnapshotError),
+        ("bit flip", good[:40] + bytes([good[40] ^ 1]) + good[41:], E.SnapshotError),
+        ("into a non-empty cache", good, E.SnapshotError),
+        (
+            "foreign",
+            okv.KvSequenceCache(
+                okv.CacheConfig(16, 1, [okv.LayerConfig(okv.Flat(), H, D)], max_step=4)
+            ).save_state(),
+            E.SnapshotError,
+        ),  # fmt: skip
+    ]
+    for case, v, exc in bad_data:
+        row(f"{n}.load_state", case, w, lambda x, v=v: x.c.load_state(v), exc)
+    row(
+        f"{n}.load_state",
+        "after clear",
+        w,
+        lambda x: x.c.load_state(bytearray(good)),
+        OK,
+        lambda x, _: x.c.length == 12 and x.c.save_state() == good,
+        prep=lambda x: x.c.clear(),
+    )
+    n = "KvCellCache"
+    w = lambda: cell_world(okv.KvCellCache)  # noqa: E731
+    blob = cell_world(okv.KvCellCache).c.save_seq(0)
+    for case, v, exc in BAD_INDEX_NONE:
+        row(f"{n}.save_seq", f"seq {case}", w, lambda x, v=v: x.c.save_seq(v), exc)
+    for case, v, exc in BAD_INDEX:
+        row(f"{n}.save_seq", f"upto {case}", w, lambda x, v=v: x.c.save_seq(x.s, v), exc)
+    row(f"{n}.save_seq", "foreign id", w, lambda x: x.c.save_seq(x.foreign), E.UnknownSequenceError)
+    row(f"{n}.save_seq", "round trip", w, lambda x: x.c.save_seq(x.s), OK,
+        lambda x, r: r == blob)  # fmt: skip
+    for case, v, exc in bad_data[:5] + [
+        ("empty bytes", b"", E.SnapshotError),
+        ("truncated", blob[:-5], E.SnapshotError),
+        ("a sequence snapshot", good, E.SnapshotError),
+    ]:
+        row(f"{n}.load_seq", case, w, lambda x, v=v: x.c.load_seq(v), exc)
+    row(f"{n}.load_seq", "loads as a new id", w, lambda x: x.c.load_seq(blob), OK,
+        lambda x, r: x.c.next_pos(r) == 4 and x.c.save_seq(r) == blob)  # fmt: skip
+    for case, v, exc in bad_data[:5] + [("garbage", b"\0" * 64, E.SnapshotError)]:
+        row("snapshot_info", case, plain_world, lambda _, v=v: okv.snapshot_info(v), exc)
+    row("snapshot_info", "fields", plain_world, lambda _: okv.snapshot_info(good), OK,
+        lambda _, r: r["end"] == 12 and r["kind"] == "sequence" and r["complete"])  # fmt: skip
+
+
+_snapshot_rows()
+
+
 # --- running the table ----------------------------------------------------------
 
 

@@ -94,6 +94,8 @@ typedef enum {
   // An internal panic was caught at the boundary (a bug: please report).
   // The handle it happened on refuses further calls except `_free`.
   OKV_ERR_PANIC = 14,
+  // A snapshot is truncated, damaged, foreign or of a newer format.
+  OKV_ERR_SNAPSHOT = 15,
 } okv_status;
 
 // The type of a handle, as the registry reports it.

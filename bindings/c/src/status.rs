@@ -42,6 +42,8 @@ pub enum okv_status {
     /// An internal panic was caught at the boundary (a bug: please report).
     /// The handle it happened on refuses further calls except `_free`.
     OKV_ERR_PANIC = 14,
+    /// A snapshot is truncated, damaged, foreign or of a newer format.
+    OKV_ERR_SNAPSHOT = 15,
 }
 
 /// A refused call: its status and message.
@@ -72,6 +74,7 @@ impl From<CacheError> for Fail {
             CacheError::UnknownSequence(_) => okv_status::OKV_ERR_UNKNOWN_SEQUENCE,
             CacheError::StepProtocol(_) => okv_status::OKV_ERR_STEP_PROTOCOL,
             CacheError::Backend(_) => okv_status::OKV_ERR_BACKEND,
+            CacheError::Snapshot(_) => okv_status::OKV_ERR_SNAPSHOT,
         };
         fail(status, e.message())
     }
@@ -165,6 +168,7 @@ fn status_name(status: i32) -> &'static CStr {
         12 => c"OKV_ERR_BUSY",
         13 => c"OKV_ERR_BUFFER_TOO_SMALL",
         14 => c"OKV_ERR_PANIC",
+        15 => c"OKV_ERR_SNAPSHOT",
         _ => c"OKV_UNKNOWN_STATUS",
     }
 }

@@ -390,6 +390,29 @@ impl PyKvCellCache {
         let this = ro(slf.as_super(), "pool_slots")?;
         Ok(kv_cells_ref(&this)?.pool(layer).py_err()?.slots())
     }
+
+    /// A snapshot (bytes) of `seq`'s positions below `upto` (`None`: all),
+    /// restored by `load_seq` here or in a cache of the same layout.
+    #[pyo3(signature = (seq, upto=None))]
+    fn save_seq(
+        slf: &Bound<'_, Self>,
+        seq: &Bound<'_, PyAny>,
+        upto: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<pyo3::types::PyBytes>> {
+        let seq = seq_id(seq, "seq")?;
+        let upto = opt_index(upto, "upto")?;
+        let this = ro(slf.as_super(), "save_seq")?;
+        let data = kv_cells_ref(&this)?.save_seq(seq, upto).py_err()?;
+        Ok(crate::snapshot::to_bytes(slf.py(), data))
+    }
+
+    /// Restores a `save_seq` snapshot as a new sequence; returns its id. All
+    /// or nothing (`SnapshotError`, `CapacityError`; the cache unchanged).
+    fn load_seq(slf: &Bound<'_, Self>, blob: &Bound<'_, PyAny>) -> PyResult<SeqId> {
+        let data = crate::snapshot::data(blob, "blob")?;
+        let mut this = rw(slf.as_super(), "load_seq")?;
+        kv_cells_mut(&mut this)?.load_seq(&data).py_err()
+    }
 }
 
 /// The runner's face of a cell cache. It holds a reference to its cache:

@@ -43,6 +43,7 @@ pub fn to_py(err: CacheError) -> PyErr {
         CacheError::UnknownSequence(_) => "UnknownSequenceError",
         CacheError::StepProtocol(_) => "StepError",
         CacheError::Backend(_) => "BackendError",
+        CacheError::Snapshot(_) => "SnapshotError",
     };
     make(name, err.message().to_string())
 }

@@ -9,6 +9,7 @@ mod config;
 mod errors;
 mod registry;
 mod sequence;
+mod snapshot;
 mod spec;
 mod window;
 
@@ -32,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cell::CellPlanner>()?;
     m.add_class::<cell::PyCellStepPlan>()?;
     m.add_function(wrap_pyfunction!(attention::attend, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot::snapshot_info, m)?)?;
     m.add_class::<spec::PoolBuffer>()?;
     m.add_function(wrap_pyfunction!(spec::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(registry::install, m)?)?;

@@ -295,6 +295,41 @@ impl PyKvSequenceCache {
         let this = ro(slf.as_super(), "pool_slots")?;
         Ok(kv_ref(&this)?.pool(layer).py_err()?.slots())
     }
+
+    /// A snapshot (bytes) of positions `[0, upto)` (`upto=None`: the length)
+    /// that restores into an empty cache; refused when a ring layer no longer
+    /// holds the tail `upto` needs. With `start`, a range `[start, upto)` (a
+    /// prefix chunk) that continues a cache of length `start`, alone or in a
+    /// chain (`load_state([a, b, ...])`); its ring layers carry what they still
+    /// hold, so an early range may load only inside a chain.
+    #[pyo3(signature = (upto=None, *, start=None))]
+    fn save_state(
+        slf: &Bound<'_, Self>,
+        upto: Option<&Bound<'_, PyAny>>,
+        start: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<pyo3::types::PyBytes>> {
+        let upto = crate::args::opt_index(upto, "upto")?;
+        let start = crate::args::opt_index(start, "start")?;
+        let this = ro(slf.as_super(), "save_state")?;
+        let cache = kv_ref(&this)?;
+        let data = match start {
+            None => cache.save_state(upto).py_err()?,
+            Some(s) => cache
+                .save_range(s, upto.unwrap_or(cache.length()))
+                .py_err()?,
+        };
+        Ok(crate::snapshot::to_bytes(slf.py(), data))
+    }
+
+    /// Restores a snapshot, or a chain of ranges (a list), all or nothing:
+    /// `SnapshotError` for anything truncated, damaged, foreign, newer or not
+    /// continuing this cache's length; the cache is then unchanged.
+    fn load_state(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let chain = crate::snapshot::chain(data)?;
+        let refs: Vec<&[u8]> = chain.iter().map(|b| &b[..]).collect();
+        let mut this = rw(slf.as_super(), "load_state")?;
+        kv_mut(&mut this)?.load_states(&refs).py_err()
+    }
 }
 
 /// The runner's face of a sequence cache. It holds a reference to its cache:

@@ -1,0 +1,53 @@
+"""Gemma 3 270M: a process that prefilled a prompt saves it; a second process loads it and
+generates the tokens a full prefill generates."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from offgraph_kv.hf import OffgraphCache
+from offgraph_kv.store import MemoryBackend, PrefixStore, RedisBackend
+from offgraph_kv.store_demo import demo_prompt, generate
+
+PROMPT = 700  # past the sliding window (512): ring layers wrap and carry only their tail
+NEW = 8
+
+
+def test_second_process_generates_what_a_full_prefill_does(gemma, redis_server):
+    model, _ = gemma
+    tokens = demo_prompt(PROMPT)
+    full = generate(model, tokens, OffgraphCache(model.config), NEW)
+    cache = OffgraphCache(model.config)
+    with torch.no_grad():
+        model(torch.tensor([tokens]), cache=cache, use_cache=True)
+    store = PrefixStore(RedisBackend(redis_server.url), namespace="gemma-test")
+    store.clear()
+    assert store.save(cache, tokens) == PROMPT // 256
+    cmd = [sys.executable, "-m", "offgraph_kv.store_demo", "load", "--url", redis_server.url]
+    cmd += ["--prompt-len", str(PROMPT), "--new-tokens", str(NEW), "--namespace", "gemma-test"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["pid"] != os.getpid()
+    assert res["restored"] == 512
+    assert res["tokens"] == full
+
+
+def test_in_process_memory_hit_matches_and_restores_every_layer(gemma):
+    model, _ = gemma
+    tokens = demo_prompt(600, seed=1)
+    full = generate(model, tokens, OffgraphCache(model.config), NEW)
+    store = PrefixStore(MemoryBackend(1 << 30), chunk_tokens=128)
+    cache = OffgraphCache(model.config)
+    with torch.no_grad():
+        model(torch.tensor([tokens]), cache=cache, use_cache=True)
+    assert store.save(cache, tokens) == 4
+    again = OffgraphCache(model.config)
+    assert store.load(again, tokens) == 512
+    assert [kv.length for kv in again.kv_caches()] == [512] * model.config.num_hidden_layers
+    assert generate(model, tokens, again, NEW) == full
