@@ -23,7 +23,9 @@ pub type Builder<T> = Arc<dyn Fn(&CacheConfig) -> Result<T> + Send + Sync>;
 
 /// A thread-safe map from key to cache.
 pub struct Registry<T> {
-    caches: Mutex<HashMap<String, T>>,
+    /// Each cache with the serial of its installation: what a session checks
+    /// before it erases (the key may hold someone else's cache by then).
+    caches: Mutex<HashMap<String, (u64, T)>>,
     builders: Mutex<HashMap<(String, String), Builder<T>>>,
 }
 
@@ -43,6 +45,7 @@ fn lock<M>(m: &Mutex<M>) -> MutexGuard<'_, M> {
 }
 
 static KEY_COUNTER: AtomicU64 = AtomicU64::new(0);
+static INSTALL_SERIAL: AtomicU64 = AtomicU64::new(0);
 
 impl<T: Clone> Registry<T> {
     pub fn new() -> Self {
@@ -51,6 +54,12 @@ impl<T: Clone> Registry<T> {
 
     /// Stores `cache` under `key`; a taken key is refused and nothing changes.
     pub fn install(&self, key: &str, cache: T) -> Result<()> {
+        self.install_serial(key, cache).map(|_| ())
+    }
+
+    /// [`Self::install`], returning a serial no other installation in this
+    /// process gets: [`Self::erase_installed`] erases only that installation.
+    pub fn install_serial(&self, key: &str, cache: T) -> Result<u64> {
         if key.is_empty() {
             return Err(CacheError::InvalidArgument(
                 "install: the key must not be empty".to_string(),
@@ -62,14 +71,25 @@ impl<T: Clone> Registry<T> {
                 "install: key {key:?} is already taken"
             )));
         }
-        map.insert(key.to_string(), cache);
-        Ok(())
+        let serial = INSTALL_SERIAL.fetch_add(1, Ordering::Relaxed);
+        map.insert(key.to_string(), (serial, cache));
+        Ok(serial)
+    }
+
+    /// Erases `key` only while it still holds the installation `serial`
+    /// (atomic under the lock). Returns whether it erased.
+    pub fn erase_installed(&self, key: &str, serial: u64) -> bool {
+        let mut map = lock(&self.caches);
+        match map.get(key) {
+            Some((s, _)) if *s == serial => map.remove(key).is_some(),
+            _ => false,
+        }
     }
 
     pub fn get(&self, key: &str) -> Result<T> {
         lock(&self.caches)
             .get(key)
-            .cloned()
+            .map(|(_, c)| c.clone())
             .ok_or_else(|| CacheError::NotFound(format!("get: no cache under key {key:?}")))
     }
 
@@ -77,6 +97,7 @@ impl<T: Clone> Registry<T> {
     pub fn erase(&self, key: &str) -> Result<T> {
         lock(&self.caches)
             .remove(key)
+            .map(|(_, c)| c)
             .ok_or_else(|| CacheError::NotFound(format!("erase: no cache under key {key:?}")))
     }
 
@@ -86,7 +107,7 @@ impl<T: Clone> Registry<T> {
     pub fn erase_if(&self, key: &str, is_it: impl FnOnce(&T) -> bool) -> bool {
         let mut map = lock(&self.caches);
         match map.get(key) {
-            Some(c) if is_it(c) => map.remove(key).is_some(),
+            Some((_, c)) if is_it(c) => map.remove(key).is_some(),
             _ => false,
         }
     }
@@ -156,6 +177,7 @@ pub fn global() -> &'static Registry<AnyCache> {
 pub struct CacheSession<'r, T: Clone> {
     registry: &'r Registry<T>,
     key: String,
+    serial: u64,
     cache: T,
 }
 
@@ -166,10 +188,11 @@ impl<'r, T: Clone> CacheSession<'r, T> {
             Some(k) => k.to_string(),
             None => registry.unique_key("session-"),
         };
-        registry.install(&key, cache.clone())?;
+        let serial = registry.install_serial(&key, cache.clone())?;
         Ok(CacheSession {
             registry,
             key,
+            serial,
             cache,
         })
     }
@@ -185,7 +208,8 @@ impl<'r, T: Clone> CacheSession<'r, T> {
 
 impl<T: Clone> Drop for CacheSession<'_, T> {
     fn drop(&mut self) {
-        // The key may have been erased by hand already; that is fine.
-        let _ = self.registry.erase(&self.key);
+        // Only the session's own installation: the key may have been erased by
+        // hand and taken by someone else's cache since.
+        self.registry.erase_installed(&self.key, self.serial);
     }
 }

@@ -78,6 +78,23 @@ fn session_installs_and_erases_on_drop() {
 }
 
 #[test]
+fn a_dropped_session_never_erases_a_cache_someone_else_installed_under_its_key() {
+    // Before the fix, Drop erased whatever was under the key.
+    let reg: Registry<u32> = Registry::new();
+    let s = CacheSession::new(&reg, 7, Some("shared")).unwrap();
+    reg.erase("shared").unwrap();
+    reg.install("shared", 9).unwrap();
+    drop(s);
+    assert_eq!(reg.get("shared").unwrap(), 9);
+    // The serial names one installation: the same value installed again is not it.
+    let serial = reg.install_serial("other", 1).unwrap();
+    reg.erase("other").unwrap();
+    reg.install("other", 1).unwrap();
+    assert!(!reg.erase_installed("other", serial));
+    assert_eq!(reg.get("other").unwrap(), 1);
+}
+
+#[test]
 fn two_threads_each_take_a_thousand_unique_keys() {
     let keys: Vec<Vec<String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2)
