@@ -461,22 +461,29 @@ class OffgraphCache(Cache):
         dtype = getattr(config, "dtype", None)
         self._model_dtype = dtype if isinstance(dtype, torch.dtype) else None
 
-    def kv_caches(self, batch_size: int = 1) -> list[Any]:
+    def kv_caches(self, batch_size: int = 1, model_dtype: torch.dtype | None = None) -> list[Any]:
         """Each layer's :class:`~offgraph_kv.KvSequenceCache` (``None`` for a pass-through layer),
         making empty pools for ``batch_size`` rows where a layer has not run yet (the prefix store
-        restores into them; such a layer takes the model's dtype from its first update)."""
+        restores into them). Such a layer's pools take the dtype a forward of ``model_dtype``
+        would give them (default: the config's dtype, else float32); the layer adopts the
+        model's actual dtype at its first update."""
+        dtype = model_dtype if model_dtype is not None else self._model_dtype
         out: list[Any] = []
         for layer in self.layers:
             if not isinstance(layer, OffgraphLayer):
                 out.append(None)
                 continue
             if layer.kv is None:
-                if self._model_dtype is not None:
-                    layer.dtype = self._model_dtype
+                if dtype is not None:
+                    layer.dtype = dtype
                 layer._init(batch_size, *self._kv_geometry)
                 layer._adopt_dtype = True
             out.append(layer.kv)
         return out
+
+    def fresh(self) -> bool:
+        """Whether no layer has pools yet (what the prefix store may set up)."""
+        return all(getattr(layer, "kv", None) is None for layer in self.layers)
 
     def drop_empty_layers(self) -> None:
         """Forgets the pools of layers that hold no token, so the next forward sets them up for

@@ -316,6 +316,13 @@ def decode_value(value: bytes, tokens: Sequence[int], n_layers: int) -> list[mem
 # -- the store -----------------------------------------------------------------------------------
 
 
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of that name (torch is imported only for an OffgraphCache)."""
+    import torch
+
+    return getattr(torch, name)
+
+
 def _layers(cache: Any) -> list[Any]:
     """The KvSequenceCaches behind ``cache``, in layer order."""
     if isinstance(cache, _okv.KvSequenceCache):
@@ -439,7 +446,26 @@ class PrefixStore:
 
     def load(self, cache: Any, token_ids: Sequence[int]) -> int:
         """Restores the longest stored prefix of ``token_ids`` (at most ``len - 1`` tokens) into an
-        empty ``cache``; returns the tokens restored (0 on a miss or a non-empty cache)."""
+        empty ``cache``; returns the tokens restored (0 on a miss or a non-empty cache).
+
+        An :class:`~offgraph_kv.hf.OffgraphCache` whose layers have not run yet does not know the
+        model's dtype, which its pools (and so the keys) depend on: the store tries the config's
+        dtype, then float32, bfloat16 and float16, and keeps the first that hits."""
+        if getattr(cache, "fresh", None) is not None and cache.fresh():
+            for dtype in (
+                None,
+                torch_dtype("float32"),
+                torch_dtype("bfloat16"),
+                torch_dtype("float16"),
+            ):
+                cache.kv_caches(model_dtype=dtype)
+                restored = self._load(cache, token_ids)
+                if restored:
+                    return restored
+            return 0
+        return self._load(cache, token_ids)
+
+    def _load(self, cache: Any, token_ids: Sequence[int]) -> int:
         kvs = _layers(cache)
         tokens = [int(t) for t in token_ids]
         if not kvs or any(kv.length for kv in kvs):
