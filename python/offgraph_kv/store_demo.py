@@ -51,6 +51,7 @@ def generate(model: Any, tokens: Sequence[int], cache: Any, new_tokens: int) -> 
             attention_mask=torch.ones_like(ids),
             cache=cache,
             max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,  # the same count whatever the eos settings
             do_sample=False,
         )
     return out[0, len(tokens) :].tolist()

