@@ -45,7 +45,7 @@ use crate::error::{CacheError, Result};
 use crate::runs::{MaskKind, Run, Runs};
 use crate::spec::{AttendSpec, KeyLayout};
 use std::cell::RefCell;
-use validate::validate;
+use validate::{validate, Validated};
 
 /// Which implementation computes attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -123,9 +123,9 @@ pub fn attend(
     spec: &AttendSpec<'_>,
     opts: &AttendOptions,
 ) -> Result<Vec<f32>> {
-    validate(q, q_shape, spec, opts)?;
+    let valid = validate(q, q_shape, spec, opts, q.len())?;
     let mut out = vec![0.0f32; q.len()];
-    attend_into(q, q_shape, spec, opts, &mut out)?;
+    run(valid, q, q_shape, spec, opts, &mut out)?;
     Ok(out)
 }
 
@@ -138,14 +138,19 @@ pub fn attend_into(
     opts: &AttendOptions,
     out: &mut [f32],
 ) -> Result<()> {
-    validate(q, q_shape, spec, opts)?;
-    if out.len() != q.len() {
-        return Err(CacheError::Shape(format!(
-            "out: expected {} floats (the size of q), got {}",
-            q.len(),
-            out.len()
-        )));
-    }
+    let valid = validate(q, q_shape, spec, opts, out.len())?;
+    run(valid, q, q_shape, spec, opts, out)
+}
+
+/// Chooses the backend and runs the call; `out` holds `q.len()` floats.
+fn run(
+    _valid: Validated,
+    q: &[f32],
+    q_shape: [usize; 3],
+    spec: &AttendSpec<'_>,
+    opts: &AttendOptions,
+    out: &mut [f32],
+) -> Result<()> {
     let backend = resolve_backend(q_shape, spec, opts);
     let exec = match backend {
         Backend::Xnnpack => {

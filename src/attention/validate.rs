@@ -7,13 +7,20 @@ use crate::error::{CacheError, Result};
 use crate::runs::Run;
 use crate::spec::{AttendSpec, KeyLayout};
 
-/// Checks every input against every other; nothing is read before this passes.
+/// Proof that [`validate`] passed for a call: the backends run only with one,
+/// so each call is checked exactly once.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Validated(());
+
+/// Checks every input against every other (`out_len`: floats of the output
+/// buffer); nothing is read before this passes.
 pub(super) fn validate(
     q: &[f32],
     q_shape: [usize; 3],
     spec: &AttendSpec<'_>,
     opts: &AttendOptions,
-) -> Result<()> {
+    out_len: usize,
+) -> Result<Validated> {
     let [n_q_heads, t, hd] = q_shape;
     if spec.head_dim == 0 || spec.n_kv_heads == 0 {
         return Err(CacheError::Shape(format!(
@@ -156,5 +163,11 @@ pub(super) fn validate(
             "threads: expected >= 1, got 0".into(),
         ));
     }
-    Ok(())
+    if out_len != q.len() {
+        return Err(CacheError::Shape(format!(
+            "out: expected {} floats (the size of q), got {out_len}",
+            q.len()
+        )));
+    }
+    Ok(Validated(()))
 }
