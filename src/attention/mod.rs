@@ -298,12 +298,7 @@ struct Plan<'a> {
     nkeys: usize,
 }
 
-// Task geometry: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
+// Task geometry: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
 #[allow(clippy::arithmetic_side_effects)]
 impl<'a> Plan<'a> {
     fn new(
@@ -485,12 +480,7 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-// Task ranges and partial-state sizes: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
+// Task ranges and partial-state sizes: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
 #[allow(clippy::arithmetic_side_effects)]
 fn run_plan(plan: &Plan<'_>, exec: Exec, threads: usize, out: &mut [f32]) -> Result<()> {
     let n_tasks = plan.n_tasks();
@@ -548,12 +538,7 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     })
 }
 
-// Scratch sizes and row offsets of one task: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
+// Scratch sizes and row offsets of one task: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
 #[allow(clippy::arithmetic_side_effects)]
 fn run_task<'a>(
     plan: &Plan<'a>,
@@ -675,12 +660,7 @@ fn run_task<'a>(
 
 /// Combines the key-split partial states of each row: the softmax of a union is
 /// the max-rescaled sum of the parts.
-// Partial-state offsets: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
+// Partial-state offsets: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
 #[allow(clippy::arithmetic_side_effects)]
 fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
     let hd = plan.hd;

@@ -1,5 +1,20 @@
 //! Argument and spec validation: every input checked against every other
 //! before anything is read.
+//!
+//! # Arithmetic bounds
+//!
+//! Once [`validate`] passes, every size the rest of `attention` computes
+//! with is bounded: `q` (and the output) holds `n_q * t * hd` floats and each
+//! pool `n_kv * slots * row_bytes` bytes, both products checked with
+//! `checked_mul`; `n_kv >= 1` divides `n_q`; every read run lies inside the
+//! pool, every cell run inside `read_len <= slots`; cell offsets have `t + 1`
+//! non-decreasing entries. The task geometry adds `ksplit`, `rb`, `bpt` and
+//! `blocks_per_head >= 1` by construction, and the kernels' blocks hold at
+//! most `RB` rows, tiles at most `KT` keys, XNNPACK chunks at most `CHUNK`.
+//! So no product, sum, division or index derived from these overflows,
+//! divides by zero or leaves its slice: the modules that allow
+//! `clippy::arithmetic_side_effects` or `clippy::indexing_slicing` rely on
+//! this paragraph, and an out-of-range index there would be a bug, not input.
 
 use super::AttendOptions;
 use crate::dtype::KvDtype;
