@@ -36,6 +36,7 @@
 //! one buffer of partial states.
 
 mod kernel;
+mod softmax;
 mod validate;
 #[cfg(feature = "xnnpack")]
 mod xnn;
@@ -602,7 +603,7 @@ fn run_task<'a>(
         k0,
         k1,
     };
-    let mut st = kernel::State {
+    let mut st = softmax::State {
         m,
         l,
         acc,
@@ -614,7 +615,7 @@ fn run_task<'a>(
         #[cfg(feature = "xnnpack")]
         Exec::Xnn => xnn::run_block(&block, &mut st)?,
     }
-    let kernel::State { m, l, acc, .. } = st;
+    let softmax::State { m, l, acc, .. } = st;
     match partial {
         Some(p) => {
             let base = task * plan.partial_len();
@@ -687,7 +688,7 @@ fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
                 if ms == f32::NEG_INFINITY {
                     continue;
                 }
-                let w = kernel::exp2(ms - mmax);
+                let w = softmax::exp2(ms - mmax);
                 lsum += w * partial.get(b + 1).copied().unwrap_or(0.0);
                 for (d, x) in dst
                     .iter_mut()
@@ -704,7 +705,7 @@ fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
     }
 }
 
-fn native_block(isa: Isa, b: &kernel::Block<'_>, st: &mut kernel::State<'_>) {
+fn native_block(isa: Isa, b: &kernel::Block<'_>, st: &mut softmax::State<'_>) {
     match isa {
         // SAFETY: `select_isa` returned Avx512 only after detecting avx512f.
         #[cfg(target_arch = "x86_64")]
@@ -719,14 +720,14 @@ fn native_block(isa: Isa, b: &kernel::Block<'_>, st: &mut kernel::State<'_>) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(b: &kernel::Block<'_>, st: &mut kernel::State<'_>) {
+unsafe fn block_avx512(b: &kernel::Block<'_>, st: &mut softmax::State<'_>) {
     // SAFETY: the caller checked avx512f; geometry from a validated plan.
     unsafe { kernel::run_block::<kernel::avx512::Avx512>(b, st) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(b: &kernel::Block<'_>, st: &mut kernel::State<'_>) {
+unsafe fn block_avx2(b: &kernel::Block<'_>, st: &mut softmax::State<'_>) {
     // SAFETY: the caller checked avx2 and fma; geometry from a validated plan.
     unsafe { kernel::run_block::<kernel::Portable<true>>(b, st) }
 }
