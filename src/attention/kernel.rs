@@ -19,9 +19,9 @@
 // ("Arithmetic bounds" in validate.rs).
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
+use super::geometry::Block;
 use super::softmax::{exp2, fold_row, State};
 use crate::dtype::{KvDtype, KvRows};
-use crate::runs::Run;
 
 /// Query rows per block.
 pub(crate) const RB: usize = 32;
@@ -138,25 +138,6 @@ pub(crate) trait Isa: Copy {
     unsafe fn softmax_row(row: &mut [f32; KT], va: usize, vb: usize, m_old: f32) -> (f32, f32) {
         softmax_row_portable(row, va, vb, m_old)
     }
-}
-
-/// One unit of work: query rows of one KV head against key segments.
-pub(crate) struct Block<'a> {
-    /// K and V rows of this KV head as stored: `slots` rows each.
-    pub k: KvRows<'a>,
-    pub v: KvRows<'a>,
-    pub hd: usize,
-    /// Scaled query rows, `nr * hd`.
-    pub qs: &'a [f32],
-    pub nr: usize,
-    /// Visible interval `[lo, hi)` of each row, in concatenated key index.
-    pub lo: &'a [usize],
-    pub hi: &'a [usize],
-    /// Key segments in concatenated order.
-    pub segs: &'a [Run],
-    /// Only keys `[k0, k1)` of the concatenation (a key split).
-    pub k0: usize,
-    pub k1: usize,
 }
 
 /// Runs the block through all its keys, updating `st`.

@@ -35,6 +35,7 @@
 //! a 1-thread decode at ctx 512; no persistent pool yet), and a key-split call
 //! one buffer of partial states.
 
+mod geometry;
 mod kernel;
 mod softmax;
 mod validate;
@@ -43,8 +44,8 @@ mod xnn;
 
 use crate::dtype::KvRows;
 use crate::error::{CacheError, Result};
-use crate::runs::{MaskKind, Run, Runs};
-use crate::spec::{AttendSpec, KeyLayout};
+use crate::spec::AttendSpec;
+use geometry::{Block, Geometry};
 use std::cell::RefCell;
 use validate::{validate, Validated};
 
@@ -180,8 +181,8 @@ fn run(
     };
     let head_dim = spec.head_dim;
     let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-    let plan = Plan::new(q, q_shape, spec, scale, threads, exec);
-    run_plan(&plan, exec, threads, out)
+    let geo = Geometry::new(q, q_shape, spec, scale, threads, exec.rows_per_block());
+    run_tasks(&geo, exec, threads, out)
 }
 
 /// The backend `Backend::Auto` resolves to for a shape (other choices pass through).
@@ -234,6 +235,17 @@ enum Exec {
     Xnn,
 }
 
+impl Exec {
+    /// Query rows per task block.
+    fn rows_per_block(self) -> usize {
+        match self {
+            Exec::Native(_) => kernel::RB,
+            #[cfg(feature = "xnnpack")]
+            Exec::Xnn => xnn::RB,
+        }
+    }
+}
+
 fn select_isa(want: NativeIsa) -> Result<Isa> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -260,207 +272,6 @@ fn select_isa(want: NativeIsa) -> Result<Isa> {
     }
 }
 
-/// Keys longer than this per split are worth a key split when threads idle.
-const MIN_SPLIT_KEYS: usize = 512;
-
-#[derive(Clone, Copy)]
-enum Keys<'a> {
-    Runs {
-        runs: Runs,
-        base: usize,
-        mask: MaskKind,
-        positions: &'a [usize],
-    },
-    Cells {
-        offsets: &'a [usize],
-        runs: &'a [Run],
-    },
-}
-
-/// The task geometry of one call.
-struct Plan<'a> {
-    q: &'a [f32],
-    k: KvRows<'a>,
-    v: KvRows<'a>,
-    hd: usize,
-    slots: usize,
-    t: usize,
-    g: usize,
-    n_kv: usize,
-    /// `scale · log2(e)`: the kernel works in the log2 domain.
-    qscale: f32,
-    keys: Keys<'a>,
-    /// Rows per block.
-    rb: usize,
-    /// Cells: blocks per token.
-    bpt: usize,
-    blocks_per_head: usize,
-    ksplit: usize,
-    nkeys: usize,
-}
-
-// Task geometry: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
-#[allow(clippy::arithmetic_side_effects)]
-impl<'a> Plan<'a> {
-    fn new(
-        q: &'a [f32],
-        q_shape: [usize; 3],
-        spec: &AttendSpec<'a>,
-        scale: f32,
-        threads: usize,
-        exec: Exec,
-    ) -> Self {
-        let [n_q, t, hd] = q_shape;
-        let n_kv = spec.n_kv_heads;
-        let g = n_q / n_kv;
-        let rb = match exec {
-            Exec::Native(_) => kernel::RB,
-            #[cfg(feature = "xnnpack")]
-            Exec::Xnn => xnn::RB,
-        };
-        let (keys, bpt, blocks_per_head, nkeys) = match spec.keys {
-            KeyLayout::Runs {
-                read,
-                read_base_pos,
-                mask,
-            } => (
-                Keys::Runs {
-                    runs: read,
-                    base: read_base_pos,
-                    mask,
-                    positions: spec.positions,
-                },
-                0,
-                (t * g).div_ceil(rb),
-                read.total(),
-            ),
-            KeyLayout::Cells { offsets, runs, .. } => {
-                let bpt = g.div_ceil(rb);
-                (Keys::Cells { offsets, runs }, bpt, t * bpt, 0)
-            }
-        };
-        let units = n_kv * blocks_per_head;
-        let ksplit = if matches!(keys, Keys::Runs { .. })
-            && units < threads
-            && nkeys >= 2 * MIN_SPLIT_KEYS
-        {
-            threads.div_ceil(units).min(nkeys / MIN_SPLIT_KEYS).max(1)
-        } else {
-            1
-        };
-        Plan {
-            q,
-            k: spec.k,
-            v: spec.v,
-            hd,
-            slots: spec.slots,
-            t,
-            g,
-            n_kv,
-            qscale: scale * std::f32::consts::LOG2_E,
-            keys,
-            rb,
-            bpt,
-            blocks_per_head,
-            ksplit,
-            nkeys,
-        }
-    }
-
-    fn n_tasks(&self) -> usize {
-        self.n_kv * self.blocks_per_head * self.ksplit
-    }
-
-    /// (kv head, block within head, key split)
-    fn task(&self, idx: usize) -> (usize, usize, usize) {
-        let split = idx % self.ksplit;
-        let unit = idx / self.ksplit;
-        (
-            unit / self.blocks_per_head,
-            unit % self.blocks_per_head,
-            split,
-        )
-    }
-
-    /// First row (within the KV head: row `r` is token `r / g`, group head `r % g`) and count.
-    fn block_rows(&self, blk: usize) -> (usize, usize) {
-        match self.keys {
-            Keys::Runs { .. } => {
-                let r0 = blk * self.rb;
-                (r0, self.rb.min(self.t * self.g - r0))
-            }
-            Keys::Cells { .. } => {
-                let tok = blk / self.bpt;
-                let h0 = (blk % self.bpt) * self.rb;
-                (tok * self.g + h0, self.rb.min(self.g - h0))
-            }
-        }
-    }
-
-    /// Offset of row `r` of KV head `kvh` in q / out.
-    fn row_off(&self, kvh: usize, r: usize) -> usize {
-        ((kvh * self.g + r % self.g) * self.t + r / self.g) * self.hd
-    }
-
-    fn token_runs(&self, tok: usize) -> &'a [Run] {
-        match self.keys {
-            Keys::Runs { .. } => &[],
-            Keys::Cells { offsets, runs } => {
-                let a = offsets.get(tok).copied().unwrap_or(0);
-                let b = offsets.get(tok + 1).copied().unwrap_or(a);
-                runs.get(a..b).unwrap_or(&[])
-            }
-        }
-    }
-
-    fn segs(&self, blk: usize) -> &[Run] {
-        match &self.keys {
-            Keys::Runs { runs, .. } => runs.as_slice(),
-            Keys::Cells { .. } => self.token_runs(blk / self.bpt),
-        }
-    }
-
-    /// Visible keys `[lo, hi)` of row `r`, in concatenated key index.
-    fn interval(&self, r: usize) -> (usize, usize) {
-        let tok = r / self.g;
-        match self.keys {
-            Keys::Runs {
-                base,
-                mask,
-                positions,
-                ..
-            } => {
-                let n = self.nkeys;
-                let p = positions.get(tok).copied().unwrap_or(0);
-                let hi_causal = p.saturating_add(1).saturating_sub(base).min(n);
-                match mask {
-                    MaskKind::None => (0, n),
-                    MaskKind::Causal => (0, hi_causal),
-                    MaskKind::Window(0) => (0, 0),
-                    MaskKind::Window(w) => {
-                        let lo = p.saturating_add(1).saturating_sub(w).saturating_sub(base);
-                        (lo.min(hi_causal), hi_causal)
-                    }
-                }
-            }
-            Keys::Cells { .. } => (0, self.token_runs(tok).iter().map(|r| r.len).sum()),
-        }
-    }
-
-    fn split_range(&self, split: usize) -> (usize, usize) {
-        if self.ksplit <= 1 {
-            return (0, usize::MAX);
-        }
-        let chunk = self.nkeys.div_ceil(self.ksplit);
-        (split * chunk, ((split + 1) * chunk).min(self.nkeys))
-    }
-
-    /// Floats of one task's partial state: rb rows of (m, l, acc[hd]).
-    fn partial_len(&self) -> usize {
-        self.rb * (self.hd + 2)
-    }
-}
-
 /// A raw output pointer shared by workers that write disjoint rows.
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut f32);
@@ -483,15 +294,15 @@ thread_local! {
 
 // Task ranges and partial-state sizes: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
 #[allow(clippy::arithmetic_side_effects)]
-fn run_plan(plan: &Plan<'_>, exec: Exec, threads: usize, out: &mut [f32]) -> Result<()> {
-    let n_tasks = plan.n_tasks();
-    let mut partial = if plan.ksplit > 1 {
-        vec![0.0f32; n_tasks * plan.partial_len()]
+fn run_tasks(geo: &Geometry<'_>, exec: Exec, threads: usize, out: &mut [f32]) -> Result<()> {
+    let n_tasks = geo.n_tasks();
+    let mut partial = if geo.ksplit > 1 {
+        vec![0.0f32; n_tasks * geo.partial_len()]
     } else {
         Vec::new()
     };
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    let part_ptr = if plan.ksplit > 1 {
+    let part_ptr = if geo.ksplit > 1 {
         Some(SyncPtr(partial.as_mut_ptr()))
     } else {
         None
@@ -502,7 +313,7 @@ fn run_plan(plan: &Plan<'_>, exec: Exec, threads: usize, out: &mut [f32]) -> Res
         let (a, b) = range(w);
         with_scratch(|scr| {
             for task in a..b {
-                run_task(plan, exec, task, scr, out_ptr, part_ptr)?;
+                run_task(geo, exec, task, scr, out_ptr, part_ptr)?;
             }
             Ok(())
         })
@@ -526,8 +337,8 @@ fn run_plan(plan: &Plan<'_>, exec: Exec, threads: usize, out: &mut [f32]) -> Res
             res
         })?;
     }
-    if plan.ksplit > 1 {
-        merge_partials(plan, &partial, out);
+    if geo.ksplit > 1 {
+        merge_partials(geo, &partial, out);
     }
     Ok(())
 }
@@ -542,17 +353,17 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 // Scratch sizes and row offsets of one task: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
 #[allow(clippy::arithmetic_side_effects)]
 fn run_task<'a>(
-    plan: &Plan<'a>,
+    geo: &Geometry<'a>,
     exec: Exec,
     task: usize,
     scr: &mut Scratch,
     out: SyncPtr,
     partial: Option<SyncPtr>,
 ) -> Result<()> {
-    let (kvh, blk, split) = plan.task(task);
-    let (r0, nr) = plan.block_rows(blk);
-    let hd = plan.hd;
-    let rb = plan.rb;
+    let (kvh, blk, split) = geo.task(task);
+    let (r0, nr) = geo.block_rows(blk);
+    let hd = geo.hd;
+    let rb = geo.rb;
     let need_f = rb * hd * 2 + rb * 2 + 2 * kernel::RB * kernel::KT + 2 * kernel::KT * hd;
     if scr.f.len() < need_f {
         scr.f.resize(need_f, 0.0);
@@ -567,14 +378,14 @@ fn run_task<'a>(
     let (sc, conv) = rest.split_at_mut(2 * kernel::RB * kernel::KT);
     let (lo, hi) = scr.u.split_at_mut(rb);
     for i in 0..nr {
-        let off = plan.row_off(kvh, r0 + i);
-        let src = plan.q.get(off..off + hd).unwrap_or(&[]);
+        let off = geo.row_off(kvh, r0 + i);
+        let src = geo.q.get(off..off + hd).unwrap_or(&[]);
         if let Some(dst) = qs.get_mut(i * hd..(i + 1) * hd) {
             for (d, s) in dst.iter_mut().zip(src) {
-                *d = s * plan.qscale;
+                *d = s * geo.qscale;
             }
         }
-        let (a, b) = plan.interval(r0 + i);
+        let (a, b) = geo.interval(r0 + i);
         if let (Some(x), Some(y)) = (lo.get_mut(i), hi.get_mut(i)) {
             *x = a;
             *y = b;
@@ -583,23 +394,23 @@ fn run_task<'a>(
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     acc.fill(0.0);
-    let (k0, k1) = plan.split_range(split);
+    let (k0, k1) = geo.split_range(split);
     let head = |rows: KvRows<'a>| -> KvRows<'a> {
-        let n = plan.slots * rows.dtype.row_bytes(hd);
+        let n = geo.slots * rows.dtype.row_bytes(hd);
         KvRows {
             dtype: rows.dtype,
             bytes: rows.bytes.get(kvh * n..(kvh + 1) * n).unwrap_or(&[]),
         }
     };
-    let block = kernel::Block {
-        k: head(plan.k),
-        v: head(plan.v),
+    let block = Block {
+        k: head(geo.k),
+        v: head(geo.v),
         hd,
         qs: qs.get(..nr * hd).unwrap_or(&[]),
         nr,
         lo: lo.get(..nr).unwrap_or(&[]),
         hi: hi.get(..nr).unwrap_or(&[]),
-        segs: plan.segs(blk),
+        segs: geo.segs(blk),
         k0,
         k1,
     };
@@ -618,7 +429,7 @@ fn run_task<'a>(
     let softmax::State { m, l, acc, .. } = st;
     match partial {
         Some(p) => {
-            let base = task * plan.partial_len();
+            let base = task * geo.partial_len();
             for i in 0..nr {
                 let row = base + i * (hd + 2);
                 // SAFETY: the partial buffer holds n_tasks * partial_len floats;
@@ -640,7 +451,7 @@ fn run_task<'a>(
         }
         None => {
             for i in 0..nr {
-                let off = plan.row_off(kvh, r0 + i);
+                let off = geo.row_off(kvh, r0 + i);
                 let li = l.get(i).copied().unwrap_or(0.0);
                 let inv = if li > 0.0 { 1.0 / li } else { 0.0 };
                 for (d, x) in acc
@@ -663,17 +474,17 @@ fn run_task<'a>(
 /// the max-rescaled sum of the parts.
 // Partial-state offsets: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
 #[allow(clippy::arithmetic_side_effects)]
-fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
-    let hd = plan.hd;
-    for unit in 0..plan.n_kv * plan.blocks_per_head {
-        let kvh = unit / plan.blocks_per_head;
-        let (r0, nr) = plan.block_rows(unit % plan.blocks_per_head);
+fn merge_partials(geo: &Geometry<'_>, partial: &[f32], out: &mut [f32]) {
+    let hd = geo.hd;
+    for unit in 0..geo.n_kv * geo.blocks_per_head {
+        let kvh = unit / geo.blocks_per_head;
+        let (r0, nr) = geo.block_rows(unit % geo.blocks_per_head);
         for i in 0..nr {
-            let row = |s: usize| (unit * plan.ksplit + s) * plan.partial_len() + i * (hd + 2);
-            let mmax = (0..plan.ksplit)
+            let row = |s: usize| (unit * geo.ksplit + s) * geo.partial_len() + i * (hd + 2);
+            let mmax = (0..geo.ksplit)
                 .map(|s| partial.get(row(s)).copied().unwrap_or(f32::NEG_INFINITY))
                 .fold(f32::NEG_INFINITY, f32::max);
-            let off = plan.row_off(kvh, r0 + i);
+            let off = geo.row_off(kvh, r0 + i);
             let Some(dst) = out.get_mut(off..off + hd) else {
                 continue;
             };
@@ -682,7 +493,7 @@ fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
                 continue;
             }
             let mut lsum = 0.0f32;
-            for s in 0..plan.ksplit {
+            for s in 0..geo.ksplit {
                 let b = row(s);
                 let ms = partial.get(b).copied().unwrap_or(f32::NEG_INFINITY);
                 if ms == f32::NEG_INFINITY {
@@ -705,7 +516,7 @@ fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
     }
 }
 
-fn native_block(isa: Isa, b: &kernel::Block<'_>, st: &mut softmax::State<'_>) {
+fn native_block(isa: Isa, b: &Block<'_>, st: &mut softmax::State<'_>) {
     match isa {
         // SAFETY: `select_isa` returned Avx512 only after detecting avx512f.
         #[cfg(target_arch = "x86_64")]
@@ -713,21 +524,21 @@ fn native_block(isa: Isa, b: &kernel::Block<'_>, st: &mut softmax::State<'_>) {
         // SAFETY: `select_isa` returned Avx2 only after detecting avx2 and fma.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { block_avx2(b, st) },
-        // SAFETY: the portable kernel needs no CPU feature; block geometry comes from a validated plan.
+        // SAFETY: the portable kernel needs no CPU feature; block geometry comes from a validated geo.
         Isa::Scalar => unsafe { kernel::run_block::<kernel::Portable<false>>(b, st) },
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(b: &kernel::Block<'_>, st: &mut softmax::State<'_>) {
-    // SAFETY: the caller checked avx512f; geometry from a validated plan.
+unsafe fn block_avx512(b: &Block<'_>, st: &mut softmax::State<'_>) {
+    // SAFETY: the caller checked avx512f; geometry from a validated geo.
     unsafe { kernel::run_block::<kernel::avx512::Avx512>(b, st) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(b: &kernel::Block<'_>, st: &mut softmax::State<'_>) {
-    // SAFETY: the caller checked avx2 and fma; geometry from a validated plan.
+unsafe fn block_avx2(b: &Block<'_>, st: &mut softmax::State<'_>) {
+    // SAFETY: the caller checked avx2 and fma; geometry from a validated geo.
     unsafe { kernel::run_block::<kernel::Portable<true>>(b, st) }
 }

@@ -29,7 +29,7 @@
 // ("Arithmetic bounds" in validate.rs).
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
-use super::kernel::Block;
+use super::geometry::Block;
 use super::softmax::{exp2, State};
 use crate::dtype::KvDtype;
 use crate::error::{CacheError, Result};
