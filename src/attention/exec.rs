@@ -5,7 +5,7 @@
 use super::geometry::{Block, Geometry};
 #[cfg(feature = "xnnpack")]
 use super::xnn;
-use super::{kernel, native_block, softmax, Exec};
+use super::{kernel, softmax, Exec};
 use crate::dtype::KvRows;
 use crate::error::{CacheError, Result};
 use std::cell::RefCell;
@@ -165,7 +165,7 @@ fn run_task<'a>(
         conv,
     };
     match exec {
-        Exec::Native(isa) => native_block(isa, &block, &mut st),
+        Exec::Native(isa) => kernel::run_native(isa, &block, &mut st),
         #[cfg(feature = "xnnpack")]
         Exec::Xnn => xnn::run_block(&block, &mut st)?,
     }

@@ -45,7 +45,7 @@ mod xnn;
 
 use crate::error::{CacheError, Result};
 use crate::spec::AttendSpec;
-use geometry::{Block, Geometry};
+use geometry::Geometry;
 use validate::{validate, Validated};
 
 /// Which implementation computes attention.
@@ -169,7 +169,7 @@ fn run(
                 ));
             }
         }
-        _ => Exec::Native(select_isa(opts.native_isa)?),
+        _ => Exec::Native(kernel::select_isa(opts.native_isa)?),
     };
     if q.is_empty() {
         return Ok(());
@@ -219,17 +219,8 @@ pub fn resolve_backend(
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Scalar,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exec {
-    Native(Isa),
+    Native(kernel::IsaPath),
     #[cfg(feature = "xnnpack")]
     Xnn,
 }
@@ -243,57 +234,4 @@ impl Exec {
             Exec::Xnn => xnn::RB,
         }
     }
-}
-
-fn select_isa(want: NativeIsa) -> Result<Isa> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-        let avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
-        match want {
-            NativeIsa::Auto if avx512 => Ok(Isa::Avx512),
-            NativeIsa::Auto if avx2 => Ok(Isa::Avx2),
-            NativeIsa::Auto | NativeIsa::Scalar => Ok(Isa::Scalar),
-            NativeIsa::Avx512 if avx512 => Ok(Isa::Avx512),
-            NativeIsa::Avx2 if avx2 => Ok(Isa::Avx2),
-            other => Err(CacheError::Backend(format!(
-                "native ISA: expected one this CPU supports, got {other:?}"
-            ))),
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    match want {
-        NativeIsa::Auto | NativeIsa::Scalar => Ok(Isa::Scalar),
-        other => Err(CacheError::Backend(format!(
-            "native ISA: expected one this CPU supports, got {other:?}"
-        ))),
-    }
-}
-
-fn native_block(isa: Isa, b: &Block<'_>, st: &mut softmax::State<'_>) {
-    match isa {
-        // SAFETY: `select_isa` returned Avx512 only after detecting avx512f.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { block_avx512(b, st) },
-        // SAFETY: `select_isa` returned Avx2 only after detecting avx2 and fma.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { block_avx2(b, st) },
-        // SAFETY: the portable kernel needs no CPU feature; block geometry comes from a validated geo.
-        Isa::Scalar => unsafe { kernel::run_block::<kernel::Portable<false>>(b, st) },
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(b: &Block<'_>, st: &mut softmax::State<'_>) {
-    // SAFETY: the caller checked avx512f; geometry from a validated geo.
-    unsafe { kernel::run_block::<kernel::avx512::Avx512>(b, st) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(b: &Block<'_>, st: &mut softmax::State<'_>) {
-    // SAFETY: the caller checked avx2 and fma; geometry from a validated geo.
-    unsafe { kernel::run_block::<kernel::Portable<true>>(b, st) }
 }

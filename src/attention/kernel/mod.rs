@@ -22,11 +22,17 @@
 use super::geometry::Block;
 use super::softmax::{exp2, fold_row, State};
 use crate::dtype::{KvDtype, KvRows};
-use portable::softmax_row_portable;
-pub(super) use portable::Portable;
+use portable::{softmax_row_portable, Portable};
+pub(super) use select::{run_native, select_isa, IsaPath};
 use widen::decode_portable;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+/// Explicit AVX-512F micro-kernels (this machine's path).
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod portable;
+mod select;
 mod widen;
 
 /// Query rows per block.
@@ -323,7 +329,3 @@ unsafe fn tile<'c, 'r: 'c, I: Isa>(
     unsafe { I::decode_rows(rows.dtype, src.as_ptr(), n, hd, dst.as_mut_ptr()) };
     dst
 }
-
-/// Explicit AVX-512F micro-kernels (this machine's path).
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512;

@@ -1,4 +1,4 @@
-use super::{Isa, KT};
+use super::{run_block, Block, Isa, State, KT};
 use crate::dtype::KvDtype;
 use std::arch::x86_64::*;
 use stored::{stored_v, widen_rows, LBf16, LF16, LF32, LQ8};
@@ -7,6 +7,13 @@ mod stored;
 
 #[derive(Clone, Copy)]
 pub(crate) struct Avx512;
+
+/// Runs one block with the AVX-512F micro-kernels.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn block_avx512(b: &Block<'_>, st: &mut State<'_>) {
+    // SAFETY: the caller checked avx512f; the block comes from a validated geometry.
+    unsafe { run_block::<Avx512>(b, st) }
+}
 
 /// Lane `i` of the result is the horizontal sum of `v[i]`: a transpose-add
 /// tree (30 shuffles, 30 adds for 16 vectors instead of 16 full reductions).
