@@ -18,8 +18,18 @@
 //!   anything, NaN included.
 //!
 //! Two backends ([`Backend`]): a fused native kernel (`native`, see
-//! `kernel.rs`) and XNNPACK operators (`xnnpack`, see `xnn.rs`, behind the
+//! `kernel/`) and XNNPACK operators (`xnnpack`, see `xnn.rs`, behind the
 //! default `xnnpack` cargo feature). `auto` picks per shape, see [`resolve_backend`].
+//!
+//! Where things live: this file is the public face and the backend choice;
+//! `validate.rs` checks a call once (and states the arithmetic bounds the
+//! other files rely on); `geometry.rs` cuts the call into tasks; `exec.rs`
+//! runs them over threads and merges key-split partial states; `softmax.rs`
+//! holds the online-softmax state both backends fold into. In `kernel/`:
+//! the blocked driver and the micro-kernel trait (`mod.rs`), ISA detection
+//! and dispatch (`select.rs`), the portable, AVX2 and AVX-512 micro-kernels
+//! (`portable.rs`, `avx2.rs`, `avx512/`), and the widening of stored
+//! float16, bfloat16 and q8_0 rows (`widen.rs`, `avx512/stored.rs`).
 //!
 //! Threads: the work is cut into tasks of one KV head × one block of ≤ 32 query
 //! rows (× one key range, for long keys when there are fewer row blocks than
