@@ -21,7 +21,9 @@ pub(super) struct State<'a> {
 impl State<'_> {
     /// Folds one tile's softmax of row `r` (new running max `mn`, its sum of
     /// `2^(s - mn)`) into the running state, rescaling the accumulator when
-    /// the max grew. Shared by the native and XNNPACK paths.
+    /// the max grew. The native kernel calls the free [`fold_row`] on the
+    /// state's parts instead (its score buffers stay borrowed).
+    #[cfg(feature = "xnnpack")]
     #[inline(always)]
     pub(super) fn fold_row(&mut self, r: usize, mn: f32, sum: f32, hd: usize) {
         fold_row(self.m, self.l, self.acc, r, mn, sum, hd);
