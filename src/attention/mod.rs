@@ -18,8 +18,18 @@
 //!   anything, NaN included.
 //!
 //! Two backends ([`Backend`]): a fused native kernel (`native`, see
-//! `kernel.rs`) and XNNPACK operators (`xnnpack`, see `xnn.rs`, behind the
+//! `kernel/`) and XNNPACK operators (`xnnpack`, see `xnn.rs`, behind the
 //! default `xnnpack` cargo feature). `auto` picks per shape, see [`resolve_backend`].
+//!
+//! Where things live: this file is the public face and the backend choice;
+//! `validate.rs` checks a call once (and states the arithmetic bounds the
+//! other files rely on); `geometry.rs` cuts the call into tasks; `exec.rs`
+//! runs them over threads and merges key-split partial states; `softmax.rs`
+//! holds the online-softmax state both backends fold into. In `kernel/`:
+//! the blocked driver and the micro-kernel trait (`mod.rs`), ISA detection
+//! and dispatch (`select.rs`), the portable, AVX2 and AVX-512 micro-kernels
+//! (`portable.rs`, `avx2.rs`, `avx512/`), and the widening of stored
+//! float16, bfloat16 and q8_0 rows (`widen.rs`, `avx512/stored.rs`).
 //!
 //! Threads: the work is cut into tasks of one KV head × one block of ≤ 32 query
 //! rows (× one key range, for long keys when there are fewer row blocks than
@@ -35,15 +45,18 @@
 //! a 1-thread decode at ctx 512; no persistent pool yet), and a key-split call
 //! one buffer of partial states.
 
+mod exec;
+mod geometry;
 mod kernel;
+mod softmax;
+mod validate;
 #[cfg(feature = "xnnpack")]
 mod xnn;
 
-use crate::dtype::{KvDtype, KvRows};
 use crate::error::{CacheError, Result};
-use crate::runs::{MaskKind, Run, Runs};
-use crate::spec::{AttendSpec, KeyLayout};
-use std::cell::RefCell;
+use crate::spec::AttendSpec;
+use geometry::Geometry;
+use validate::{validate, Validated};
 
 /// Which implementation computes attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -121,9 +134,9 @@ pub fn attend(
     spec: &AttendSpec<'_>,
     opts: &AttendOptions,
 ) -> Result<Vec<f32>> {
-    validate(q, q_shape, spec, opts)?;
+    let valid = validate(q, q_shape, spec, opts, q.len())?;
     let mut out = vec![0.0f32; q.len()];
-    attend_into(q, q_shape, spec, opts, &mut out)?;
+    run(valid, q, q_shape, spec, opts, &mut out)?;
     Ok(out)
 }
 
@@ -136,14 +149,19 @@ pub fn attend_into(
     opts: &AttendOptions,
     out: &mut [f32],
 ) -> Result<()> {
-    validate(q, q_shape, spec, opts)?;
-    if out.len() != q.len() {
-        return Err(CacheError::Shape(format!(
-            "out: expected {} floats (the size of q), got {}",
-            q.len(),
-            out.len()
-        )));
-    }
+    let valid = validate(q, q_shape, spec, opts, out.len())?;
+    run(valid, q, q_shape, spec, opts, out)
+}
+
+/// Chooses the backend and runs the call; `out` holds `q.len()` floats.
+fn run(
+    _valid: Validated,
+    q: &[f32],
+    q_shape: [usize; 3],
+    spec: &AttendSpec<'_>,
+    opts: &AttendOptions,
+    out: &mut [f32],
+) -> Result<()> {
     let backend = resolve_backend(q_shape, spec, opts);
     let exec = match backend {
         Backend::Xnnpack => {
@@ -161,7 +179,7 @@ pub fn attend_into(
                 ));
             }
         }
-        _ => Exec::Native(select_isa(opts.native_isa)?),
+        _ => Exec::Native(kernel::select_isa(opts.native_isa)?),
     };
     if q.is_empty() {
         return Ok(());
@@ -172,8 +190,8 @@ pub fn attend_into(
     };
     let head_dim = spec.head_dim;
     let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-    let plan = Plan::new(q, q_shape, spec, scale, threads, exec);
-    run_plan(&plan, exec, threads, out)
+    let geo = Geometry::new(q, q_shape, spec, scale, threads, exec.rows_per_block());
+    exec::run_tasks(&geo, exec, threads, out)
 }
 
 /// The backend `Backend::Auto` resolves to for a shape (other choices pass through).
@@ -211,687 +229,19 @@ pub fn resolve_backend(
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Scalar,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exec {
-    Native(Isa),
+    Native(kernel::IsaPath),
     #[cfg(feature = "xnnpack")]
     Xnn,
 }
 
-fn select_isa(want: NativeIsa) -> Result<Isa> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-        let avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
-        match want {
-            NativeIsa::Auto if avx512 => Ok(Isa::Avx512),
-            NativeIsa::Auto if avx2 => Ok(Isa::Avx2),
-            NativeIsa::Auto | NativeIsa::Scalar => Ok(Isa::Scalar),
-            NativeIsa::Avx512 if avx512 => Ok(Isa::Avx512),
-            NativeIsa::Avx2 if avx2 => Ok(Isa::Avx2),
-            other => Err(CacheError::Backend(format!(
-                "native ISA: expected one this CPU supports, got {other:?}"
-            ))),
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    match want {
-        NativeIsa::Auto | NativeIsa::Scalar => Ok(Isa::Scalar),
-        other => Err(CacheError::Backend(format!(
-            "native ISA: expected one this CPU supports, got {other:?}"
-        ))),
-    }
-}
-
-/// Checks every input against every other; nothing is read before this passes.
-fn validate(
-    q: &[f32],
-    q_shape: [usize; 3],
-    spec: &AttendSpec<'_>,
-    opts: &AttendOptions,
-) -> Result<()> {
-    let [n_q_heads, t, hd] = q_shape;
-    if spec.head_dim == 0 || spec.n_kv_heads == 0 {
-        return Err(CacheError::Shape(format!(
-            "spec: expected head_dim > 0 and n_kv_heads > 0, got head_dim {} and n_kv_heads {}",
-            spec.head_dim, spec.n_kv_heads
-        )));
-    }
-    let expected_len = n_q_heads
-        .checked_mul(t)
-        .and_then(|x| x.checked_mul(hd))
-        .ok_or_else(|| {
-            CacheError::Shape(format!("q shape {q_shape:?}: element count overflows"))
-        })?;
-    if q.len() != expected_len {
-        return Err(CacheError::Shape(format!(
-            "q: expected {expected_len} floats for shape {q_shape:?}, got {}",
-            q.len()
-        )));
-    }
-    if hd != spec.head_dim {
-        return Err(CacheError::Shape(format!(
-            "q head_dim: expected {} (the spec's), got {hd}",
-            spec.head_dim
-        )));
-    }
-    if t != spec.n_tokens() {
-        return Err(CacheError::Shape(format!(
-            "q tokens: expected {} (the spec's step), got {t}",
-            spec.n_tokens()
-        )));
-    }
-    if n_q_heads == 0 || n_q_heads.checked_rem(spec.n_kv_heads) != Some(0) {
-        return Err(CacheError::Shape(format!(
-            "q heads: expected a nonzero multiple of n_kv_heads = {}, got {n_q_heads}",
-            spec.n_kv_heads
-        )));
-    }
-    for (name, rows) in [("k", spec.k), ("v", spec.v)] {
-        rows.dtype
-            .check_head_dim(hd)
-            .map_err(|e| CacheError::Shape(format!("spec.{name}: {}", e.message())))?;
-        let rb = rows.dtype.row_bytes(hd);
-        let pool = spec
-            .n_kv_heads
-            .checked_mul(spec.slots)
-            .and_then(|x| x.checked_mul(rb))
-            .ok_or_else(|| CacheError::Shape("spec pool size overflows".into()))?;
-        let len = rows.bytes.len();
-        if len != pool {
-            return Err(CacheError::Shape(format!(
-                "spec.{name}: expected n_kv_heads*slots*row_bytes = {}*{}*{rb} = {pool} bytes ({} rows of {hd}), got {len}",
-                spec.n_kv_heads,
-                spec.slots,
-                rows.dtype.name()
-            )));
-        }
-        let aligned = match rows.dtype {
-            KvDtype::Float32 => rows.f32().is_some(),
-            KvDtype::Float16 | KvDtype::Bfloat16 => rows.u16().is_some(),
-            KvDtype::Q8_0 => true,
-        };
-        if !aligned {
-            return Err(CacheError::Shape(format!(
-                "spec.{name}: expected {} rows aligned to their element size, got a misaligned slice",
-                rows.dtype.name()
-            )));
-        }
-    }
-    let check_run = |run: &Run, bound: usize, what: &str| -> Result<()> {
-        match run.start.checked_add(run.len) {
-            Some(end) if end <= bound => Ok(()),
-            _ => Err(CacheError::InvalidArgument(format!(
-                "{what} run (start {}, len {}): expected inside [0, {bound}), got it past the end",
-                run.start, run.len
-            ))),
-        }
-    };
-    match spec.keys {
-        KeyLayout::Runs { read, .. } => {
-            for run in read.as_slice() {
-                check_run(run, spec.slots, "read")?;
-            }
-        }
-        KeyLayout::Cells {
-            offsets,
-            runs,
-            read_len,
-        } => {
-            if read_len > spec.slots {
-                return Err(CacheError::InvalidArgument(format!(
-                    "cells read_len: expected <= slots = {}, got {read_len}",
-                    spec.slots
-                )));
-            }
-            if t.checked_add(1) != Some(offsets.len()) {
-                return Err(CacheError::Shape(format!(
-                    "cells offsets: expected T + 1 = {} entries, got {}",
-                    t.saturating_add(1),
-                    offsets.len()
-                )));
-            }
-            let mut prev = 0usize;
-            for (i, &o) in offsets.iter().enumerate() {
-                if o < prev || o > runs.len() || (i == 0 && o != 0) {
-                    return Err(CacheError::InvalidArgument(format!(
-                        "cells offsets[{i}]: expected non-decreasing from 0 and <= {} runs, got {o}",
-                        runs.len()
-                    )));
-                }
-                prev = o;
-            }
-            for w in offsets.windows(2) {
-                let (a, b) = match w {
-                    [a, b] => (*a, *b),
-                    _ => continue,
-                };
-                let mut end = 0usize;
-                for (j, run) in runs.get(a..b).unwrap_or(&[]).iter().enumerate() {
-                    check_run(run, read_len, "cell")?;
-                    if j > 0 && run.start < end {
-                        return Err(CacheError::InvalidArgument(format!(
-                            "cell runs of a token: expected sorted and disjoint, got start {} before end {end}",
-                            run.start
-                        )));
-                    }
-                    end = run.start.saturating_add(run.len);
-                }
-            }
-        }
-    }
-    if let Some(s) = opts.scale {
-        if !s.is_finite() {
-            return Err(CacheError::InvalidArgument(format!(
-                "scale: expected a finite number, got {s}"
-            )));
-        }
-    }
-    if opts.threads == Some(0) {
-        return Err(CacheError::InvalidArgument(
-            "threads: expected >= 1, got 0".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Keys longer than this per split are worth a key split when threads idle.
-const MIN_SPLIT_KEYS: usize = 512;
-
-#[derive(Clone, Copy)]
-enum Keys<'a> {
-    Runs {
-        runs: Runs,
-        base: usize,
-        mask: MaskKind,
-        positions: &'a [usize],
-    },
-    Cells {
-        offsets: &'a [usize],
-        runs: &'a [Run],
-    },
-}
-
-/// The task geometry of one call.
-struct Plan<'a> {
-    q: &'a [f32],
-    k: KvRows<'a>,
-    v: KvRows<'a>,
-    hd: usize,
-    slots: usize,
-    t: usize,
-    g: usize,
-    n_kv: usize,
-    /// `scale · log2(e)`: the kernel works in the log2 domain.
-    qscale: f32,
-    keys: Keys<'a>,
-    /// Rows per block.
-    rb: usize,
-    /// Cells: blocks per token.
-    bpt: usize,
-    blocks_per_head: usize,
-    ksplit: usize,
-    nkeys: usize,
-}
-
-// Task geometry: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
-#[allow(clippy::arithmetic_side_effects)]
-impl<'a> Plan<'a> {
-    fn new(
-        q: &'a [f32],
-        q_shape: [usize; 3],
-        spec: &AttendSpec<'a>,
-        scale: f32,
-        threads: usize,
-        exec: Exec,
-    ) -> Self {
-        let [n_q, t, hd] = q_shape;
-        let n_kv = spec.n_kv_heads;
-        let g = n_q / n_kv;
-        let rb = match exec {
+impl Exec {
+    /// Query rows per task block.
+    fn rows_per_block(self) -> usize {
+        match self {
             Exec::Native(_) => kernel::RB,
             #[cfg(feature = "xnnpack")]
             Exec::Xnn => xnn::RB,
-        };
-        let (keys, bpt, blocks_per_head, nkeys) = match spec.keys {
-            KeyLayout::Runs {
-                read,
-                read_base_pos,
-                mask,
-            } => (
-                Keys::Runs {
-                    runs: read,
-                    base: read_base_pos,
-                    mask,
-                    positions: spec.positions,
-                },
-                0,
-                (t * g).div_ceil(rb),
-                read.total(),
-            ),
-            KeyLayout::Cells { offsets, runs, .. } => {
-                let bpt = g.div_ceil(rb);
-                (Keys::Cells { offsets, runs }, bpt, t * bpt, 0)
-            }
-        };
-        let units = n_kv * blocks_per_head;
-        let ksplit = if matches!(keys, Keys::Runs { .. })
-            && units < threads
-            && nkeys >= 2 * MIN_SPLIT_KEYS
-        {
-            threads.div_ceil(units).min(nkeys / MIN_SPLIT_KEYS).max(1)
-        } else {
-            1
-        };
-        Plan {
-            q,
-            k: spec.k,
-            v: spec.v,
-            hd,
-            slots: spec.slots,
-            t,
-            g,
-            n_kv,
-            qscale: scale * std::f32::consts::LOG2_E,
-            keys,
-            rb,
-            bpt,
-            blocks_per_head,
-            ksplit,
-            nkeys,
         }
     }
-
-    fn n_tasks(&self) -> usize {
-        self.n_kv * self.blocks_per_head * self.ksplit
-    }
-
-    /// (kv head, block within head, key split)
-    fn task(&self, idx: usize) -> (usize, usize, usize) {
-        let split = idx % self.ksplit;
-        let unit = idx / self.ksplit;
-        (
-            unit / self.blocks_per_head,
-            unit % self.blocks_per_head,
-            split,
-        )
-    }
-
-    /// First row (within the KV head: row `r` is token `r / g`, group head `r % g`) and count.
-    fn block_rows(&self, blk: usize) -> (usize, usize) {
-        match self.keys {
-            Keys::Runs { .. } => {
-                let r0 = blk * self.rb;
-                (r0, self.rb.min(self.t * self.g - r0))
-            }
-            Keys::Cells { .. } => {
-                let tok = blk / self.bpt;
-                let h0 = (blk % self.bpt) * self.rb;
-                (tok * self.g + h0, self.rb.min(self.g - h0))
-            }
-        }
-    }
-
-    /// Offset of row `r` of KV head `kvh` in q / out.
-    fn row_off(&self, kvh: usize, r: usize) -> usize {
-        ((kvh * self.g + r % self.g) * self.t + r / self.g) * self.hd
-    }
-
-    fn token_runs(&self, tok: usize) -> &'a [Run] {
-        match self.keys {
-            Keys::Runs { .. } => &[],
-            Keys::Cells { offsets, runs } => {
-                let a = offsets.get(tok).copied().unwrap_or(0);
-                let b = offsets.get(tok + 1).copied().unwrap_or(a);
-                runs.get(a..b).unwrap_or(&[])
-            }
-        }
-    }
-
-    fn segs(&self, blk: usize) -> &[Run] {
-        match &self.keys {
-            Keys::Runs { runs, .. } => runs.as_slice(),
-            Keys::Cells { .. } => self.token_runs(blk / self.bpt),
-        }
-    }
-
-    /// Visible keys `[lo, hi)` of row `r`, in concatenated key index.
-    fn interval(&self, r: usize) -> (usize, usize) {
-        let tok = r / self.g;
-        match self.keys {
-            Keys::Runs {
-                base,
-                mask,
-                positions,
-                ..
-            } => {
-                let n = self.nkeys;
-                let p = positions.get(tok).copied().unwrap_or(0);
-                let hi_causal = p.saturating_add(1).saturating_sub(base).min(n);
-                match mask {
-                    MaskKind::None => (0, n),
-                    MaskKind::Causal => (0, hi_causal),
-                    MaskKind::Window(0) => (0, 0),
-                    MaskKind::Window(w) => {
-                        let lo = p.saturating_add(1).saturating_sub(w).saturating_sub(base);
-                        (lo.min(hi_causal), hi_causal)
-                    }
-                }
-            }
-            Keys::Cells { .. } => (0, self.token_runs(tok).iter().map(|r| r.len).sum()),
-        }
-    }
-
-    fn split_range(&self, split: usize) -> (usize, usize) {
-        if self.ksplit <= 1 {
-            return (0, usize::MAX);
-        }
-        let chunk = self.nkeys.div_ceil(self.ksplit);
-        (split * chunk, ((split + 1) * chunk).min(self.nkeys))
-    }
-
-    /// Floats of one task's partial state: rb rows of (m, l, acc[hd]).
-    fn partial_len(&self) -> usize {
-        self.rb * (self.hd + 2)
-    }
-}
-
-/// A raw output pointer shared by workers that write disjoint rows.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: workers write disjoint ranges (each output row belongs to exactly one
-// task; each task's partial slot to that task), and the scope joins them all
-// before the buffer is used again.
-unsafe impl Send for SyncPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SyncPtr {}
-
-#[derive(Default)]
-struct Scratch {
-    f: Vec<f32>,
-    u: Vec<usize>,
-}
-
-thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-}
-
-// Task ranges and partial-state sizes: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
-#[allow(clippy::arithmetic_side_effects)]
-fn run_plan(plan: &Plan<'_>, exec: Exec, threads: usize, out: &mut [f32]) -> Result<()> {
-    let n_tasks = plan.n_tasks();
-    let mut partial = if plan.ksplit > 1 {
-        vec![0.0f32; n_tasks * plan.partial_len()]
-    } else {
-        Vec::new()
-    };
-    let out_ptr = SyncPtr(out.as_mut_ptr());
-    let part_ptr = if plan.ksplit > 1 {
-        Some(SyncPtr(partial.as_mut_ptr()))
-    } else {
-        None
-    };
-    let nthreads = threads.min(n_tasks).max(1);
-    let range = |w: usize| (w * n_tasks / nthreads, (w + 1) * n_tasks / nthreads);
-    let work = |w: usize| -> Result<()> {
-        let (a, b) = range(w);
-        with_scratch(|scr| {
-            for task in a..b {
-                run_task(plan, exec, task, scr, out_ptr, part_ptr)?;
-            }
-            Ok(())
-        })
-    };
-    if nthreads == 1 {
-        work(0)?;
-    } else {
-        std::thread::scope(|s| -> Result<()> {
-            let handles: Vec<_> = (1..nthreads).map(|w| s.spawn(move || work(w))).collect();
-            let mut res = work(0);
-            for h in handles {
-                let r = h.join().unwrap_or_else(|_| {
-                    Err(CacheError::Backend(
-                        "attention worker thread panicked".into(),
-                    ))
-                });
-                if res.is_ok() {
-                    res = r;
-                }
-            }
-            res
-        })?;
-    }
-    if plan.ksplit > 1 {
-        merge_partials(plan, &partial, out);
-    }
-    Ok(())
-}
-
-fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-    SCRATCH.with(|s| match s.try_borrow_mut() {
-        Ok(mut s) => f(&mut s),
-        Err(_) => f(&mut Scratch::default()),
-    })
-}
-
-// Scratch sizes and row offsets of one task: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
-#[allow(clippy::arithmetic_side_effects)]
-fn run_task<'a>(
-    plan: &Plan<'a>,
-    exec: Exec,
-    task: usize,
-    scr: &mut Scratch,
-    out: SyncPtr,
-    partial: Option<SyncPtr>,
-) -> Result<()> {
-    let (kvh, blk, split) = plan.task(task);
-    let (r0, nr) = plan.block_rows(blk);
-    let hd = plan.hd;
-    let rb = plan.rb;
-    let need_f = rb * hd * 2 + rb * 2 + 2 * kernel::RB * kernel::KT + 2 * kernel::KT * hd;
-    if scr.f.len() < need_f {
-        scr.f.resize(need_f, 0.0);
-    }
-    if scr.u.len() < 2 * rb {
-        scr.u.resize(2 * rb, 0);
-    }
-    let (qs, rest) = scr.f.split_at_mut(rb * hd);
-    let (acc, rest) = rest.split_at_mut(rb * hd);
-    let (m, rest) = rest.split_at_mut(rb);
-    let (l, rest) = rest.split_at_mut(rb);
-    let (sc, conv) = rest.split_at_mut(2 * kernel::RB * kernel::KT);
-    let (lo, hi) = scr.u.split_at_mut(rb);
-    for i in 0..nr {
-        let off = plan.row_off(kvh, r0 + i);
-        let src = plan.q.get(off..off + hd).unwrap_or(&[]);
-        if let Some(dst) = qs.get_mut(i * hd..(i + 1) * hd) {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = s * plan.qscale;
-            }
-        }
-        let (a, b) = plan.interval(r0 + i);
-        if let (Some(x), Some(y)) = (lo.get_mut(i), hi.get_mut(i)) {
-            *x = a;
-            *y = b;
-        }
-    }
-    m.fill(f32::NEG_INFINITY);
-    l.fill(0.0);
-    acc.fill(0.0);
-    let (k0, k1) = plan.split_range(split);
-    let head = |rows: KvRows<'a>| -> KvRows<'a> {
-        let n = plan.slots * rows.dtype.row_bytes(hd);
-        KvRows {
-            dtype: rows.dtype,
-            bytes: rows.bytes.get(kvh * n..(kvh + 1) * n).unwrap_or(&[]),
-        }
-    };
-    let block = kernel::Block {
-        k: head(plan.k),
-        v: head(plan.v),
-        hd,
-        qs: qs.get(..nr * hd).unwrap_or(&[]),
-        nr,
-        lo: lo.get(..nr).unwrap_or(&[]),
-        hi: hi.get(..nr).unwrap_or(&[]),
-        segs: plan.segs(blk),
-        k0,
-        k1,
-    };
-    let mut st = kernel::State {
-        m,
-        l,
-        acc,
-        sc,
-        conv,
-    };
-    match exec {
-        Exec::Native(isa) => native_block(isa, &block, &mut st),
-        #[cfg(feature = "xnnpack")]
-        Exec::Xnn => xnn::run_block(&block, &mut st)?,
-    }
-    let kernel::State { m, l, acc, .. } = st;
-    match partial {
-        Some(p) => {
-            let base = task * plan.partial_len();
-            for i in 0..nr {
-                let row = base + i * (hd + 2);
-                // SAFETY: the partial buffer holds n_tasks * partial_len floats;
-                // task < n_tasks and i < nr <= rb, so [row, row + hd + 2) is inside
-                // this task's slot, which no other worker touches.
-                unsafe {
-                    *p.0.add(row) = m.get(i).copied().unwrap_or(f32::NEG_INFINITY);
-                    *p.0.add(row + 1) = l.get(i).copied().unwrap_or(0.0);
-                    for (d, x) in acc
-                        .get(i * hd..(i + 1) * hd)
-                        .unwrap_or(&[])
-                        .iter()
-                        .enumerate()
-                    {
-                        *p.0.add(row + 2 + d) = *x;
-                    }
-                }
-            }
-        }
-        None => {
-            for i in 0..nr {
-                let off = plan.row_off(kvh, r0 + i);
-                let li = l.get(i).copied().unwrap_or(0.0);
-                let inv = if li > 0.0 { 1.0 / li } else { 0.0 };
-                for (d, x) in acc
-                    .get(i * hd..(i + 1) * hd)
-                    .unwrap_or(&[])
-                    .iter()
-                    .enumerate()
-                {
-                    // SAFETY: off + d < q.len() == out.len() (validated shape); the
-                    // row (kvh, r0 + i) belongs to this task alone.
-                    unsafe { *out.0.add(off + d) = x * inv };
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Combines the key-split partial states of each row: the softmax of a union is
-/// the max-rescaled sum of the parts.
-// Partial-state offsets: every size and index here derives from shapes `validate`
-// checked up front (q has n_q*t*hd elements, checked_mul; pools hold
-// n_kv*slots*hd elements, checked_mul; n_kv >= 1 divides n_q; runs lie inside
-// the pool; offsets has t+1 entries), and ksplit, rb, bpt, blocks_per_head >= 1
-// by construction, so no product, sum or division below can overflow or divide
-// by zero.
-#[allow(clippy::arithmetic_side_effects)]
-fn merge_partials(plan: &Plan<'_>, partial: &[f32], out: &mut [f32]) {
-    let hd = plan.hd;
-    for unit in 0..plan.n_kv * plan.blocks_per_head {
-        let kvh = unit / plan.blocks_per_head;
-        let (r0, nr) = plan.block_rows(unit % plan.blocks_per_head);
-        for i in 0..nr {
-            let row = |s: usize| (unit * plan.ksplit + s) * plan.partial_len() + i * (hd + 2);
-            let mmax = (0..plan.ksplit)
-                .map(|s| partial.get(row(s)).copied().unwrap_or(f32::NEG_INFINITY))
-                .fold(f32::NEG_INFINITY, f32::max);
-            let off = plan.row_off(kvh, r0 + i);
-            let Some(dst) = out.get_mut(off..off + hd) else {
-                continue;
-            };
-            dst.fill(0.0);
-            if mmax == f32::NEG_INFINITY {
-                continue;
-            }
-            let mut lsum = 0.0f32;
-            for s in 0..plan.ksplit {
-                let b = row(s);
-                let ms = partial.get(b).copied().unwrap_or(f32::NEG_INFINITY);
-                if ms == f32::NEG_INFINITY {
-                    continue;
-                }
-                let w = kernel::exp2(ms - mmax);
-                lsum += w * partial.get(b + 1).copied().unwrap_or(0.0);
-                for (d, x) in dst
-                    .iter_mut()
-                    .zip(partial.get(b + 2..b + 2 + hd).unwrap_or(&[]))
-                {
-                    *d += w * x;
-                }
-            }
-            let inv = if lsum > 0.0 { 1.0 / lsum } else { 0.0 };
-            for d in dst.iter_mut() {
-                *d *= inv;
-            }
-        }
-    }
-}
-
-fn native_block(isa: Isa, b: &kernel::Block<'_>, st: &mut kernel::State<'_>) {
-    match isa {
-        // SAFETY: `select_isa` returned Avx512 only after detecting avx512f.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { block_avx512(b, st) },
-        // SAFETY: `select_isa` returned Avx2 only after detecting avx2 and fma.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { block_avx2(b, st) },
-        // SAFETY: the portable kernel needs no CPU feature; block geometry comes from a validated plan.
-        Isa::Scalar => unsafe { kernel::run_block::<kernel::Portable<false>>(b, st) },
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(b: &kernel::Block<'_>, st: &mut kernel::State<'_>) {
-    // SAFETY: the caller checked avx512f; geometry from a validated plan.
-    unsafe { kernel::run_block::<kernel::avx512::Avx512>(b, st) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(b: &kernel::Block<'_>, st: &mut kernel::State<'_>) {
-    // SAFETY: the caller checked avx2 and fma; geometry from a validated plan.
-    unsafe { kernel::run_block::<kernel::Portable<true>>(b, st) }
 }

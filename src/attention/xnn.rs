@@ -25,16 +25,12 @@
 //! XNNPACK may read `XNN_EXTRA_BYTES` past an input. Inputs are our padded
 //! scratch buffers, or K rows of the pool; a K chunk that ends within 16 bytes of
 //! its head's slice has its last row copied into a padded buffer instead.
-// Kernel module: indices are bounded by the block geometry validated up front
-// in `attention::validate` (runs inside the pool, rows ≤ RB, chunks ≤ CHUNK).
-#![allow(clippy::indexing_slicing)]
-// Same bound for arithmetic: row, tile and offset computations stay below
-// the pool and scratch sizes that `attention::validate` checked with
-// checked_mul (n_kv*slots*hd, n_q*t*hd), so none overflows; divisors are
-// nonzero constants or validated counts.
-#![allow(clippy::arithmetic_side_effects)]
+// Indices and arithmetic are bounded by the validated block geometry
+// ("Arithmetic bounds" in validate.rs).
+#![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
-use super::kernel::{exp2, Block, State};
+use super::geometry::Block;
+use super::softmax::{exp2, State};
 use crate::dtype::KvDtype;
 use crate::error::{CacheError, Result};
 use std::cell::RefCell;

@@ -1,0 +1,473 @@
+use super::{run_block, Block, Isa, State, KT};
+use crate::dtype::KvDtype;
+use std::arch::x86_64::*;
+use stored::{stored_v, widen_rows, LBf16, LF16, LF32, LQ8};
+
+mod stored;
+
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512;
+
+/// Runs one block with the AVX-512F micro-kernels.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn block_avx512(b: &Block<'_>, st: &mut State<'_>) {
+    // SAFETY: the caller checked avx512f; the block comes from a validated geometry.
+    unsafe { run_block::<Avx512>(b, st) }
+}
+
+/// Lane `i` of the result is the horizontal sum of `v[i]`: a transpose-add
+/// tree (30 shuffles, 30 adds for 16 vectors instead of 16 full reductions).
+#[inline(always)]
+unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+    // SAFETY (whole fn): register-only AVX-512F ops; the caller runs with AVX-512F.
+    unsafe {
+        let mut s = [_mm512_setzero_ps(); 8];
+        for (i, si) in s.iter_mut().enumerate() {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            *si = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        }
+        let mut u = [_mm512_setzero_ps(); 4];
+        for (i, ui) in u.iter_mut().enumerate() {
+            let a = _mm512_castps_pd(s[2 * i]);
+            let b = _mm512_castps_pd(s[2 * i + 1]);
+            *ui = _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+            );
+        }
+        // 0b10_00_10_00 picks 128-bit blocks [0, 2 | 0, 2]; 0b11_01_11_01 picks [1, 3 | 1, 3].
+        let w0 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b1000_1000>(u[0], u[1]),
+            _mm512_shuffle_f32x4::<0b1101_1101>(u[0], u[1]),
+        );
+        let w1 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b1000_1000>(u[2], u[3]),
+            _mm512_shuffle_f32x4::<0b1101_1101>(u[2], u[3]),
+        );
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b1000_1000>(w0, w1),
+            _mm512_shuffle_f32x4::<0b1101_1101>(w0, w1),
+        )
+    }
+}
+
+#[inline(always)]
+fn tail_mask(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xFFFF
+    } else {
+        ((1u32 << n) - 1) as __mmask16
+    }
+}
+
+/// Bytes ahead of the current K / V line that the kernels prefetch (one
+/// line per line consumed, issued inside the FMA loops), into L2 (T1).
+/// Measured with 32-key tiles (decode ctx 8192, 1 thread, cold): T0 at 16,
+/// 32 or 64 KiB ahead 6.8-7.0 ms, NTA 7.0 ms; T1 at 16-32 KiB 4.4-4.5 ms,
+/// 48 KiB 4.8 ms; T2 4.6 ms (read floor 3.0 ms). Prefetching into L1 fills
+/// its few miss buffers; adding a second, short-distance T0 prefetch (1 or
+/// 4 KiB) on top of T1 made no measurable difference. With 64-key tiles
+/// this is one tile (32 KiB) ahead; in the pipelined decode step
+/// (`scores_pv_rows`) K of tile t+1 and V of tile t are read together, so
+/// both streams prefetch one pipeline step ahead (a V distance of 2 tiles
+/// measured no better).
+const PF_BYTES: usize = 4 * KT * 128;
+
+#[inline(always)]
+unsafe fn prefetch(p: *const f32) {
+    // SAFETY: a prefetch is a hint that never faults; the address is only computed.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast::<i8>().wrapping_add(PF_BYTES)) };
+}
+
+/// `2^x` lane-wise, like `super::exp2`: NaN and x below -150 give 0 (between
+/// -150 and -126 a denormal instead of 0).
+#[inline(always)]
+unsafe fn exp2_ps(x: __m512) -> __m512 {
+    // SAFETY (whole fn): register-only AVX-512F ops; the caller runs with AVX-512F.
+    unsafe {
+        // max_ps returns the second operand when x is NaN.
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-160.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        let f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(std::f32::consts::LN_2));
+        let mut p = _mm512_set1_ps(1.0 / 5040.0);
+        for c in [
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ] {
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+        }
+        _mm512_scalef_ps(p, n)
+    }
+}
+
+/// Dot products of 4 query rows with 4 key rows (`out[i * 4 + jj]`), K
+/// prefetched ahead when `pf`.
+///
+/// # Safety
+/// Every pointer addresses a whole row of `hd` floats; AVX-512F.
+#[inline(always)]
+unsafe fn block4x4(qp: &[*const f32; 4], kp: &[*const f32; 4], hd: usize, pf: bool) -> [f32; 16] {
+    let full = hd / 16;
+    let tm = tail_mask(hd % 16);
+    // SAFETY (whole fn): offsets stay below hd; the tail uses masked loads
+    // that touch only the row's own elements.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for c in 0..full {
+            let o = c * 16;
+            let q = [
+                _mm512_loadu_ps(qp[0].add(o)),
+                _mm512_loadu_ps(qp[1].add(o)),
+                _mm512_loadu_ps(qp[2].add(o)),
+                _mm512_loadu_ps(qp[3].add(o)),
+            ];
+            for jj in 0..4 {
+                let kv = _mm512_loadu_ps(kp[jj].add(o));
+                if pf {
+                    prefetch(kp[jj].add(o));
+                }
+                for i in 0..4 {
+                    acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
+                }
+            }
+        }
+        if tm != 0 {
+            let o = full * 16;
+            let q = [
+                _mm512_maskz_loadu_ps(tm, qp[0].add(o)),
+                _mm512_maskz_loadu_ps(tm, qp[1].add(o)),
+                _mm512_maskz_loadu_ps(tm, qp[2].add(o)),
+                _mm512_maskz_loadu_ps(tm, qp[3].add(o)),
+            ];
+            for jj in 0..4 {
+                let kv = _mm512_maskz_loadu_ps(tm, kp[jj].add(o));
+                for i in 0..4 {
+                    acc[i * 4 + jj] = _mm512_fmadd_ps(q[i], kv, acc[i * 4 + jj]);
+                }
+            }
+        }
+        let mut out = [0.0f32; 16];
+        _mm512_storeu_ps(out.as_mut_ptr(), hsum16(&acc));
+        out
+    }
+}
+
+/// Keys per group of the pipelined decode step. Decode ctx 8192, 1 thread,
+/// cold (alternating runs, medians): 4 keys 3.2-3.5 ms, 8 keys 3.4-3.8 ms,
+/// 16 keys 3.2-3.9 ms, unpipelined 3.6-4.2 ms (read floor 2.5-3.0 ms).
+const PG: usize = 4;
+
+/// The pipelined decode step for `R <= 4` rows: groups of 8 keys, the
+/// scores of the next tile's group (two 4×4 blocks) then P·V of the
+/// previous tile's group with the accumulator rows in L1 (loaded and
+/// stored per 16-column chunk), so the K and V streams are read side by side.
+///
+/// # Safety
+/// As [`Isa::scores_pv`] with `nr == R`, `hd % 16 == 0`; AVX-512F.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_pv_rows<const R: usize>(
+    qs: *const f32,
+    k: *const f32,
+    nk: usize,
+    sc: *mut f32,
+    p: *const f32,
+    v: *const f32,
+    nkp: usize,
+    hd: usize,
+    acc: *mut f32,
+) {
+    let qp: [*const f32; 4] = core::array::from_fn(|i| qs.wrapping_add(i.min(R - 1) * hd));
+    let mut g = 0;
+    while g < nk.max(nkp) {
+        let mut j0 = g;
+        while j0 < nk.min(g + PG) {
+            let kp: [*const f32; 4] =
+                core::array::from_fn(|i| k.wrapping_add((j0 + i).min(nk - 1) * hd));
+            // SAFETY: rows clamped into qs / k (contract of `scores`).
+            let sums = unsafe { block4x4(&qp, &kp, hd, true) };
+            for i in 0..R {
+                for jj in 0..4.min(nk - j0) {
+                    // SAFETY: i < R = nr and j0+jj < nk <= KT: inside sc's nr*KT floats.
+                    unsafe { *sc.add(i * KT + j0 + jj) = sums[i * 4 + jj] };
+                }
+            }
+            j0 += 4;
+        }
+        if g < nkp {
+            let n = (nkp - g).min(PG);
+            // SAFETY: rows g..g+n < nkp of v, R rows of p and acc, offsets < hd
+            // (contract of `pv`).
+            unsafe {
+                let mut d = 0;
+                while d < hd {
+                    let mut a: [__m512; R] =
+                        core::array::from_fn(|i| _mm512_loadu_ps(acc.add(i * hd + d)));
+                    for j in g..g + n {
+                        let vr = v.add(j * hd + d);
+                        let x = _mm512_loadu_ps(vr);
+                        prefetch(vr);
+                        for (i, ai) in a.iter_mut().enumerate() {
+                            *ai = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i * KT + j)), x, *ai);
+                        }
+                    }
+                    for (i, ai) in a.iter().enumerate() {
+                        _mm512_storeu_ps(acc.add(i * hd + d), *ai);
+                    }
+                    d += 16;
+                }
+            }
+        }
+        g += PG;
+    }
+}
+
+impl Isa for Avx512 {
+    #[inline(always)]
+    unsafe fn decode_rows(dtype: KvDtype, src: *const u8, n_rows: usize, hd: usize, dst: *mut f32) {
+        let rb = dtype.row_bytes(hd);
+        if !hd.is_multiple_of(16) {
+            // SAFETY: sizes per the trait contract.
+            let (src, dst) = unsafe {
+                (
+                    std::slice::from_raw_parts(src, n_rows * rb),
+                    std::slice::from_raw_parts_mut(dst, n_rows * hd),
+                )
+            };
+            super::widen::decode_portable(dtype, src, dst);
+            return;
+        }
+        // SAFETY: sizes per the trait contract; hd % 16 == 0.
+        unsafe {
+            match dtype {
+                KvDtype::Float32 => widen_rows::<LF32>(src, rb, n_rows, hd, dst),
+                KvDtype::Float16 => widen_rows::<LF16>(src, rb, n_rows, hd, dst),
+                KvDtype::Bfloat16 => widen_rows::<LBf16>(src, rb, n_rows, hd, dst),
+                KvDtype::Q8_0 => widen_rows::<LQ8>(src, rb, n_rows, hd, dst),
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn stored_ok(nr: usize, hd: usize) -> bool {
+        nr <= 4 && hd.is_multiple_of(16)
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_pv_stored(
+        qs: *const f32,
+        nr: usize,
+        k: *const u8,
+        kd: KvDtype,
+        nk: usize,
+        sc: *mut f32,
+        p: *const f32,
+        v: *const u8,
+        vd: KvDtype,
+        nkp: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        let krb = kd.row_bytes(hd);
+        // SAFETY: forwarded contract (stored_ok held: nr <= 4, hd % 16 == 0).
+        unsafe {
+            match kd {
+                KvDtype::Float32 => {
+                    stored_v::<LF32>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
+                }
+                KvDtype::Float16 => {
+                    stored_v::<LF16>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
+                }
+                KvDtype::Bfloat16 => {
+                    stored_v::<LBf16>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
+                }
+                KvDtype::Q8_0 => stored_v::<LQ8>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc),
+            }
+        }
+    }
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_pv(
+        qs: *const f32,
+        nr: usize,
+        k: *const f32,
+        nk: usize,
+        sc: *mut f32,
+        p: *const f32,
+        v: *const f32,
+        nkp: usize,
+        hd: usize,
+        acc: *mut f32,
+    ) {
+        // SAFETY: forwarded contract; the fused path only for nr <= 4 and
+        // whole 16-float chunks.
+        unsafe {
+            if !hd.is_multiple_of(16) || nr > 4 {
+                if nk > 0 {
+                    Self::scores(qs, nr, k, nk, hd, sc);
+                }
+                if nkp > 0 {
+                    Self::pv(p, nr, v, nkp, hd, acc);
+                }
+                return;
+            }
+            match nr {
+                1 => scores_pv_rows::<1>(qs, k, nk, sc, p, v, nkp, hd, acc),
+                2 => scores_pv_rows::<2>(qs, k, nk, sc, p, v, nkp, hd, acc),
+                3 => scores_pv_rows::<3>(qs, k, nk, sc, p, v, nkp, hd, acc),
+                _ => scores_pv_rows::<4>(qs, k, nk, sc, p, v, nkp, hd, acc),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scores(qs: *const f32, nr: usize, k: *const f32, nk: usize, hd: usize, sc: *mut f32) {
+        let mut r0 = 0;
+        while r0 < nr {
+            // The first row block streams the tile: it prefetches ahead.
+            let pf = r0 == 0;
+            // Rows/keys past the edge repeat the last valid one (valid memory,
+            // results dropped), so the 4×4 block shape is fixed.
+            let qp: [*const f32; 4] =
+                core::array::from_fn(|i| qs.wrapping_add((r0 + i).min(nr - 1) * hd));
+            let mut j0 = 0;
+            while j0 < nk {
+                let kp: [*const f32; 4] =
+                    core::array::from_fn(|i| k.wrapping_add((j0 + i).min(nk - 1) * hd));
+                // SAFETY: every pointer addresses a whole row of hd floats inside
+                // qs / k (contract of `scores`).
+                let sums = unsafe { block4x4(&qp, &kp, hd, pf) };
+                for i in 0..4.min(nr - r0) {
+                    for jj in 0..4.min(nk - j0) {
+                        // SAFETY: r0+i < nr and j0+jj < nk <= KT: inside sc's nr*KT floats.
+                        unsafe { *sc.add((r0 + i) * KT + j0 + jj) = sums[i * 4 + jj] };
+                    }
+                }
+                j0 += 4;
+            }
+            r0 += 4;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32) {
+        let mut r0 = 0;
+        while r0 < nr {
+            let pr = p.wrapping_add(r0 * KT);
+            let ar = acc.wrapping_add(r0 * hd);
+            // SAFETY: rows r0..r0+R (R <= nr - r0) of p and acc, all nk rows of v,
+            // per the contract of `pv`.
+            unsafe {
+                match nr - r0 {
+                    1 => pv_rows::<1>(pr, v, nk, hd, ar, r0 == 0),
+                    2 => pv_rows::<2>(pr, v, nk, hd, ar, r0 == 0),
+                    3 => pv_rows::<3>(pr, v, nk, hd, ar, r0 == 0),
+                    _ => pv_rows::<4>(pr, v, nk, hd, ar, r0 == 0),
+                }
+            }
+            r0 += 4;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn softmax_row(row: &mut [f32; KT], va: usize, vb: usize, m_old: f32) -> (f32, f32) {
+        const NV: usize = KT / 16;
+        // Lanes [va, vb) of the KT-lane row (KT <= 64).
+        let bits: u64 = (u64::MAX >> (64 - vb)) & !((1u64 << va) - 1);
+        let rp = row.as_mut_ptr();
+        // SAFETY: row holds KT = 16·NV floats; register ops otherwise; the
+        // caller runs with AVX-512F (trait contract).
+        unsafe {
+            let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+            let mut s = [ninf; NV];
+            let mut mx = ninf;
+            for (v, sv) in s.iter_mut().enumerate() {
+                let k = (bits >> (16 * v)) as __mmask16;
+                *sv = _mm512_mask_loadu_ps(ninf, k, rp.add(16 * v));
+                mx = _mm512_max_ps(mx, *sv);
+            }
+            let mn = m_old.max(_mm512_reduce_max_ps(mx));
+            let mb = _mm512_set1_ps(mn);
+            let mut sum = _mm512_setzero_ps();
+            for (v, sv) in s.iter().enumerate() {
+                let p = exp2_ps(_mm512_sub_ps(*sv, mb));
+                sum = _mm512_add_ps(sum, p);
+                _mm512_storeu_ps(rp.add(16 * v), p);
+            }
+            (mn, _mm512_reduce_add_ps(sum))
+        }
+    }
+}
+
+/// `acc[i] += Σ_j p[i*KT + j] · v[j]` for `R <= 4` rows, 64 columns per
+/// pass held in 4·R registers, so each V line is loaded once for all R rows
+/// (and, for R = 4, a decode GQA group of 4 reads V from L2 exactly once);
+/// masked 16-column tail. `pf`: prefetch ahead of V.
+#[inline(always)]
+unsafe fn pv_rows<const R: usize>(
+    p: *const f32,
+    v: *const f32,
+    nk: usize,
+    hd: usize,
+    acc: *mut f32,
+    pf: bool,
+) {
+    // SAFETY (whole fn): p has R rows of KT floats, v has nk rows of hd floats,
+    // acc has R rows of hd floats; every offset below is < those bounds, the
+    // tail uses masked loads/stores.
+    unsafe {
+        let mut d = 0;
+        while d + 64 <= hd {
+            let mut a = [[_mm512_setzero_ps(); 4]; R];
+            for (i, ai) in a.iter_mut().enumerate() {
+                for (c, x) in ai.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(acc.add(i * hd + d + 16 * c));
+                }
+            }
+            for j in 0..nk {
+                let vr = v.add(j * hd + d);
+                let x: [__m512; 4] = core::array::from_fn(|c| _mm512_loadu_ps(vr.add(16 * c)));
+                if pf {
+                    for c in 0..4 {
+                        prefetch(vr.add(16 * c));
+                    }
+                }
+                for (i, ai) in a.iter_mut().enumerate() {
+                    let pb = _mm512_set1_ps(*p.add(i * KT + j));
+                    for c in 0..4 {
+                        ai[c] = _mm512_fmadd_ps(pb, x[c], ai[c]);
+                    }
+                }
+            }
+            for (i, ai) in a.iter().enumerate() {
+                for (c, x) in ai.iter().enumerate() {
+                    _mm512_storeu_ps(acc.add(i * hd + d + 16 * c), *x);
+                }
+            }
+            d += 64;
+        }
+        while d < hd {
+            let m = tail_mask(hd - d);
+            let mut a = [_mm512_setzero_ps(); R];
+            for (i, x) in a.iter_mut().enumerate() {
+                *x = _mm512_maskz_loadu_ps(m, acc.add(i * hd + d));
+            }
+            for j in 0..nk {
+                let x = _mm512_maskz_loadu_ps(m, v.add(j * hd + d));
+                for (i, ai) in a.iter_mut().enumerate() {
+                    *ai = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i * KT + j)), x, *ai);
+                }
+            }
+            for (i, x) in a.iter().enumerate() {
+                _mm512_mask_storeu_ps(acc.add(i * hd + d), m, *x);
+            }
+            d += 16;
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! Which instruction set runs the native kernel: detected at run time, and
+//! dispatched to the kernel compiled for it.
+
+use super::{run_block, Block, Portable, State};
+use crate::attention::NativeIsa;
+use crate::error::{CacheError, Result};
+
+/// The instruction set the native kernel runs with, as detected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::attention) enum IsaPath {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Scalar,
+}
+
+/// The path for a requested ISA: `Auto` takes the best the CPU reports; a
+/// forced one the CPU lacks is refused.
+pub(in crate::attention) fn select_isa(want: NativeIsa) -> Result<IsaPath> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
+        match want {
+            NativeIsa::Auto if avx512 => Ok(IsaPath::Avx512),
+            NativeIsa::Auto if avx2 => Ok(IsaPath::Avx2),
+            NativeIsa::Auto | NativeIsa::Scalar => Ok(IsaPath::Scalar),
+            NativeIsa::Avx512 if avx512 => Ok(IsaPath::Avx512),
+            NativeIsa::Avx2 if avx2 => Ok(IsaPath::Avx2),
+            other => Err(CacheError::Backend(format!(
+                "native ISA: expected one this CPU supports, got {other:?}"
+            ))),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    match want {
+        NativeIsa::Auto | NativeIsa::Scalar => Ok(IsaPath::Scalar),
+        other => Err(CacheError::Backend(format!(
+            "native ISA: expected one this CPU supports, got {other:?}"
+        ))),
+    }
+}
+
+/// Runs one block with the kernel compiled for `isa`.
+pub(in crate::attention) fn run_native(isa: IsaPath, b: &Block<'_>, st: &mut State<'_>) {
+    match isa {
+        // SAFETY: `select_isa` returned Avx512 only after detecting avx512f.
+        #[cfg(target_arch = "x86_64")]
+        IsaPath::Avx512 => unsafe { super::avx512::block_avx512(b, st) },
+        // SAFETY: `select_isa` returned Avx2 only after detecting avx2 and fma.
+        #[cfg(target_arch = "x86_64")]
+        IsaPath::Avx2 => unsafe { super::avx2::block_avx2(b, st) },
+        // SAFETY: the portable kernel needs no CPU feature; the block comes from a validated geometry.
+        IsaPath::Scalar => unsafe { run_block::<Portable<false>>(b, st) },
+    }
+}

@@ -1,0 +1,34 @@
+//! Portable widening of stored float16, bfloat16 and q8_0 rows to f32 for the
+//! kernels that read through a scratch tile.
+
+use crate::dtype::KvDtype;
+
+/// Portable widening of stored rows (bit arithmetic; see `crate::dtype`).
+#[inline(always)]
+pub(super) fn decode_portable(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
+    match dtype {
+        KvDtype::Float32 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        KvDtype::Bfloat16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
+            }
+        }
+        KvDtype::Float16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+            }
+        }
+        KvDtype::Q8_0 => {
+            for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
+                let scale = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+                for (x, q) in d.iter_mut().zip(&s[2..]) {
+                    *x = scale * (*q as i8) as f32;
+                }
+            }
+        }
+    }
+}
