@@ -183,7 +183,7 @@ impl<'a> Geometry<'a> {
                     MaskKind::Causal => (0, hi_causal),
                     MaskKind::Window(0) => (0, 0),
                     MaskKind::Window(w) => {
-                        let lo = p.saturating_add(1).saturating_sub(w).saturating_sub(base);
+                        let lo = crate::window::first_visible(p, Some(w)).saturating_sub(base);
                         (lo.min(hi_causal), hi_causal)
                     }
                 }

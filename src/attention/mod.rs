@@ -1,4 +1,4 @@
-//! Pooled attention (issue 5): `softmax(q·Kᵀ·scale + mask)·V` straight over an
+//! Pooled attention: `softmax(q·Kᵀ·scale + mask)·V` straight over an
 //! [`AttendSpec`]'s pools, reading only the rows its key layout names.
 //!
 //! * `q` and the output are `[n_q_heads, T, head_dim]` f32, row-major. The
@@ -196,27 +196,13 @@ fn run(
 
 /// The backend `Backend::Auto` resolves to for a shape (other choices pass through).
 ///
-/// Measured with `benches/attention.rs` (`ATTN_BENCH_QUICK=1`) on the 2-core
-/// AVX-512 machine (8 KV heads, 32 query heads, head_dim 128, cold cache,
-/// criterion medians of one run after the software-pipelined kernel; the
-/// machine is shared, so runs vary by about ±10%):
-///
-/// | shape                      | native   | xnnpack  | read floor |
-/// |----------------------------|----------|----------|------------|
-/// | decode ctx 512, 1 thr      | 0.20 ms  | 1.34 ms  | 0.14 ms    |
-/// | decode ctx 2048, 1 thr     | 0.85 ms  | 5.47 ms  | 0.62 ms    |
-/// | decode ctx 8192, 1 thr     | 3.28 ms  | 21.6 ms  | 2.52 ms    |
-/// | decode ctx 8192, 2 thr     | 2.44 ms  | 11.0 ms  | 2.21 ms    |
-/// | prefill T=128/2048, 1 thr  | 48.8 ms  | 115.8 ms | FMA bound 35.5 ms |
-/// | prefill T=128/2048, 2 thr  | 24.5 ms  | 58.5 ms  | FMA bound 17.7 ms |
-///
-/// Native wins every measured shape (decode by 6–9×, prefill by ~2.4×), so
-/// there is no crossover and `auto` picks `native` everywhere. Native is also
-/// the only backend that serves float16, bfloat16 and q8_0 pools (XNNPACK
+/// Native won every shape measured with `benches/attention.rs` (decode by
+/// 6-9x, prefill by about 2.4x; the table is in `docs/attention-backends.md`),
+/// so there is no crossover and `auto` picks `native` everywhere. Native is
+/// also the only backend that serves float16, bfloat16 and q8_0 pools (XNNPACK
 /// refuses them with `Backend`), so `auto` never picks a backend that cannot
-/// serve the spec. XNNPACK would
-/// need persistent packed pages (a per-page write generation from the byte
-/// layer) to compete; see the issue notes.
+/// serve the spec. XNNPACK would need persistent packed pages (a per-page
+/// write generation from the byte layer) to compete.
 pub fn resolve_backend(
     _q_shape: [usize; 3],
     _spec: &AttendSpec<'_>,

@@ -10,7 +10,7 @@
 //! 3. `Oᵀ = V_chunkᵀ · P`: the 2022 library has no batch-matmul and no transpose
 //!    operator, and a fully-connected operator only contracts its input's
 //!    channels, so `P · V` needs V either as packed weights (repacked per call:
-//!    XNNPACK packs at ~2.5–3 GB/s, the 14–19× roofline figure of the issue) or
+//!    XNNPACK packs at ~2.5–3 GB/s, 14–19× the time of reading them) or
 //!    transposed as input. We transpose the chunk natively into an L2-resident
 //!    scratch (`head_dim × CHUNK`) and create a second operator whose weights are
 //!    `Pᵀ` (`[in = keys, out = rows]`, `XNN_FLAG_TRANSPOSE_WEIGHTS`; packing
@@ -20,7 +20,7 @@
 //! nothing in an [`AttendSpec`](crate::AttendSpec) tells whether a pool page
 //! changed since an earlier call (rewind, ring overwrite, reuse of a cell), so
 //! a cache keyed by pointer could serve stale K/V. A persistent packed-page cache
-//! needs a write generation from the byte layer; see the closing notes of issue 5.
+//! needs a write generation from the byte layer, and would double K/V memory.
 //!
 //! XNNPACK may read `XNN_EXTRA_BYTES` past an input. Inputs are our padded
 //! scratch buffers, or K rows of the pool; a K chunk that ends within 16 bytes of
