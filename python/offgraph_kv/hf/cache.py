@@ -1,86 +1,8 @@
-"""A drop-in Hugging Face ``transformers`` cache whose K/V live in offgraph-kv's pools.
-
-Usage::
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from offgraph_kv.hf import OffgraphCache
-
-    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="offgraph")
-    tok = AutoTokenizer.from_pretrained(name)
-    inputs = tok("The off-graph cache", return_tensors="pt")
-    cache = OffgraphCache(model.config)
-    out = model.generate(**inputs, cache=cache, max_new_tokens=40)
-    # continue later from the same cache:
-    more = model.generate(out, cache=cache, max_new_tokens=20)
-
-``attn_implementation="offgraph"`` (registered when this module is imported, see
-:func:`register_attention`) makes the model's attention read the pools directly through
-:func:`offgraph_kv.attend`; any other attention (``"sdpa"``, ``"eager"``) works too and reads the
-zero-copy views that :meth:`OffgraphCache.update` returns.
-
-Design
-------
-* **Layout.** One :class:`offgraph_kv.KvSequenceCache` per decoder layer, with the batch folded
-  into the heads: the pool is ``[batch * kv_heads, slots, head_dim]``. ``generate`` advances every
-  batch row in lockstep (left padding), so one logical length serves the batch, and the pool
-  reshaped to ``[batch, kv_heads, slots, head_dim]`` and sliced over a read run is a strided
-  zero-copy torch view. The cache is per layer, not one controller for all layers, because
-  transformers drives layers one after another: a prompt longer than a ring's ``max_step`` arrives
-  whole at layer 0 and must be chunked there before layer 1 sees it.
-* **Policies.** ``full_attention`` layers are ``Flat`` (capacity ``max_cache_len``, default
-  ``config.max_position_embeddings``; pools grow by doubling from ``initial_capacity``, so unused
-  capacity costs nothing). ``sliding_attention`` layers are ``Ring(window=sliding_window)`` with
-  ``max_step = max(max_step, window)``, i.e. a pool depth of at most about twice the window:
-  enough to rewind by ``max_step`` tokens (assisted decoding). A window at or above
-  ``max_cache_len`` (e.g. ``max_cache_len=256`` under Gemma 3's window of 512) makes the ring a
-  full layer: every held position is visible and the pool is at most ``max_cache_len`` deep.
-  Other layer types (chunked, linear attention) are refused; KV-sharing ``dummy`` layers pass
-  through.
-* **Precision.** Pools hold the model's dtype by default (``kv_dtype=None``: float32, float16 or
-  bfloat16 pools for a model of that dtype), or any of ``"float32"``, ``"float16"``,
-  ``"bfloat16"``, ``"q8_0"`` by name. New rows go to ``update`` in their own 16-bit type when they
-  are float16/bfloat16 (bfloat16 as raw bits), so only the new rows are ever converted, and they
-  are rounded once, in the pool.
-* **One source of truth.** What a layer holds is asked of its cache: ``update`` returns the rows
-  of the spec's read runs, and every other read (batch ops, the long ring step) goes through
-  ``kv.held_runs(0, lo, hi)``, which answers with or without an open step, after any crop. No
-  copy of the last read is kept.
-* **Zero copy.** ``update`` writes the new rows and returns views of the pool over the spec's read
-  run. A wrapped ring (two runs) is joined
-  with one ``torch.cat``, bounded by the window. A flat layer never copies its history.
-* **Copies, and why.** (a) Pools of another dtype than the model's (``kv_dtype`` set): the
-  returned history is converted to the model dtype every step (a copy; with
-  ``attn_implementation="offgraph"`` it is skipped and the kernel reads the pools in place). A
-  q8_0 pool has no tensor view, so eager/sdpa (and the offgraph attention's fallbacks) get a
-  dequantized float32 copy of the history each step; the offgraph attention itself reads the
-  blocks in place. (b) A ring step longer than its ``max_step`` (a long prompt on a sliding layer,
-  or a long message appended to a conversation): the prior window (<= window-1 rows) is copied
-  out before the chunked writes overwrite its slots, and returned concatenated with the new rows.
-  (c) Beam search, below.
-* **Beam search and batch ops.** ``reorder_cache``, ``batch_select_indices`` and
-  ``batch_repeat_interleave`` gather every held row by the batch index (``index_select``; all held
-  rows, not only the visible window, since a later crop may bring older ones back) and write them
-  back at the same positions: ``clear`` (or a new pool when the batch size changes), positions
-  below the held range stepped over unwritten, the rows rewritten, then the length and crop bound
-  restored exactly. An identity ``beam_idx`` costs nothing. Cell forks
-  (``KvCellCache.seq_clone``) would make the reorder itself free, but eager and sdpa need a dense
-  ``[batch, heads, L, dim]`` per row, which a cell layout can only serve by gathering the whole
-  history every step, in every generation mode; the gather-on-reorder costs only in beam search.
-  Measured (4 layers x 8 heads x 128, 3 beams, 1 thread, shared machine): a reorder takes
-  23.5 ms at 512 tokens and 107 ms at 2K against ``DynamicCache``'s 10.1 and 29.7 ms, i.e. the
-  gather plus the rewrite cost 2-3.5x DynamicCache's ``index_select``: beam search is correct
-  here but not fast (cell forks with the "offgraph" attention reading the cells would fix it).
-* **Crop.** ``crop(-n)`` is ``rewind(length - n)`` on every layer. Ring pools keep
-  ``window + max_step - 1`` rows, so any crop by at most ``max_step`` tokens succeeds (past
-  recording is always on; ``activate_past_recording`` is a no-op) and ``is_croppable`` is True.
-  A deeper crop of a ring layer raises :class:`offgraph_kv.InvalidArgumentError` naming the layer,
-  and changes no layer: every layer is checked before any is cropped.
-"""
+"""The transformers cache half: :class:`OffgraphLayer` and :class:`OffgraphCache` (design notes in
+the package docstring, :mod:`offgraph_kv.hf`)."""
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -88,16 +10,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, get_layer_types_and_kwargs
 
-from . import _native as _okv
-from ._errors import CacheError, InvalidArgumentError
-
-__all__ = [
-    "ATTN_NAME",
-    "OffgraphCache",
-    "OffgraphLayer",
-    "offgraph_attention",
-    "register_attention",
-]
+from .. import _native as _okv
+from .._errors import CacheError, InvalidArgumentError
 
 ATTN_NAME = "offgraph"
 """The ``attn_implementation`` name under which :func:`offgraph_attention` is registered."""
@@ -297,7 +211,7 @@ class OffgraphLayer(CacheLayerMixin):
         length = self.get_seq_length()
         if self.window is None:
             return length + query_length, 0
-        offset = max(length - self.window + 1, 0)
+        offset = _okv.first_visible(length, self.window)  # the next query is at `length`
         return length - offset + query_length, offset
 
     def get_seq_length(self) -> int:
@@ -344,8 +258,7 @@ class OffgraphLayer(CacheLayerMixin):
     def _visible(self) -> tuple[int, int]:
         """Positions [lo, length) the next step may read."""
         length = self.get_seq_length()
-        lo = 0 if self.window is None else max(length - self.window + 1, 0)
-        return lo, length
+        return _okv.first_visible(length, self.window), length
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.kv is None or self.kv.length == 0:
@@ -422,7 +335,7 @@ class OffgraphCache(Cache):
         kv_dtype: str | None = None,
     ):
         if kv_dtype is not None and kv_dtype not in KV_DTYPES:
-            from ._errors import ConfigError
+            from .._errors import ConfigError
 
             raise ConfigError(f"kv_dtype: expected None or one of {KV_DTYPES}, got {kv_dtype!r}")
         text = config.get_text_config(decoder=True)
@@ -510,134 +423,3 @@ class OffgraphCache(Cache):
         return sum(
             layer.kv.nbytes() for layer in self.layers if getattr(layer, "kv", None) is not None
         )
-
-
-# -- offgraph-kv's attend as a transformers attention function ----------------------------------
-
-
-def _reference_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None,
-    softcap: float | None,
-    sliding_window: int | None,
-) -> torch.Tensor:
-    """Plain attention, the fallback where ``attend`` does not apply. Returns ``[B, T, H, D]``."""
-    b, hq, t, d = query.shape
-    key, value = key.to(query.dtype), value.to(query.dtype)
-    groups = hq // key.shape[1]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
-    n = key.shape[2]
-    if attention_mask is None:
-        qpos = torch.arange(t).unsqueeze(1) + (n - t)  # lower-right aligned
-        kpos = torch.arange(n).unsqueeze(0)
-        attention_mask = kpos <= qpos
-        if sliding_window is not None:
-            attention_mask = attention_mask & (kpos > qpos - sliding_window)
-    if softcap is None:
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=scale
-        )
-    else:
-        scores = torch.matmul(query, key.transpose(2, 3)) * scale
-        scores = torch.tanh(scores / softcap) * softcap
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
-        else:
-            scores = scores + attention_mask[..., :n]
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(probs, value)
-    return out.transpose(1, 2).contiguous()
-
-
-def offgraph_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """A transformers attention function reading offgraph-kv pools through :func:`attend`.
-
-    It applies when ``key`` came from :class:`OffgraphCache` (it carries the step's AttendSpec), the
-    mask is the plain causal/sliding pattern the spec declares (no padding: the registered mask
-    function returns ``None`` then), and there is no softcap, sink or dropout. Otherwise it falls
-    back to plain attention over the tensors it was given, which is always correct.
-    """
-    tagged = getattr(key, _SPEC_ATTR, None)
-    special = (
-        kwargs.get("softcap") is not None
-        or kwargs.get("s_aux") is not None
-        or kwargs.get("sinks") is not None
-        or kwargs.get("position_bias") is not None
-        or (dropout and module.training)
-    )
-    if tagged is None or attention_mask is not None or special:
-        return (
-            _reference_attention(
-                query,
-                key,
-                value,
-                attention_mask,
-                scaling,
-                kwargs.get("softcap"),
-                kwargs.get("sliding_window"),
-            ),
-            None,
-        )
-    spec, batch = tagged
-    b, hq, t, d = query.shape
-    q = query.detach().to(torch.float32).reshape(b * hq, t, d)
-    out = _okv.attend(q.numpy(), spec, scale=scaling, threads=torch.get_num_threads())
-    out = torch.from_numpy(out).view(b, hq, t, d).transpose(1, 2)
-    return out.to(query.dtype).contiguous(), None
-
-
-def _offgraph_mask(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    q_offset: int = 0,
-    kv_offset: int = 0,
-    attention_mask: torch.Tensor | None = None,
-    allow_is_causal_skip: bool = True,
-    **kwargs: Any,
-) -> torch.Tensor | None:
-    """``None`` for a plain causal/sliding pattern without padding (the spec's analytic mask is
-    exact then); otherwise sdpa's boolean mask, which makes the attention fall back."""
-    from transformers.masking_utils import sdpa_mask
-
-    if allow_is_causal_skip and (attention_mask is None or bool(attention_mask.all())):
-        return None
-    return sdpa_mask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        attention_mask=attention_mask,
-        allow_is_causal_skip=False,
-        **kwargs,
-    )
-
-
-def register_attention(name: str = ATTN_NAME) -> None:
-    """Register :func:`offgraph_attention` and its mask function under ``name`` (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(name, offgraph_attention)
-    AttentionMaskInterface.register(name, _offgraph_mask)
-
-
-register_attention()
-
-from .batch import BatchGenerator as BatchGenerator  # noqa: E402  (re-exported)
