@@ -204,7 +204,7 @@ impl CacheConfig {
 
     /// The distinct policies in first-seen layer order, and for each layer the
     /// index of its policy: layers that share a policy share a plan.
-    pub fn distinct_policies(&self) -> Result<(Vec<LayerPolicy>, Vec<usize>)> {
+    pub fn distinct_policies(&self) -> Result<PolicyTable> {
         let mut policies: Vec<LayerPolicy> = Vec::new();
         let mut layer_policy = Vec::with_capacity(self.n_layers);
         for layer in 0..self.n_layers {
@@ -218,7 +218,10 @@ impl CacheConfig {
             };
             layer_policy.push(idx);
         }
-        Ok((policies, layer_policy))
+        Ok(PolicyTable {
+            policies,
+            layer_policy,
+        })
     }
 
     /// Slots a layer of this policy ever needs: flat keeps `capacity`;
@@ -231,6 +234,46 @@ impl CacheConfig {
                 crate::window::ring_keep(window, self.max_step).min(self.capacity)
             }
         }
+    }
+}
+
+/// A config's distinct policies, in first-seen layer order, and which one
+/// each layer uses: both caches plan once per distinct policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyTable {
+    policies: Vec<LayerPolicy>,
+    layer_policy: Vec<usize>,
+}
+
+impl PolicyTable {
+    /// The distinct policies.
+    pub fn policies(&self) -> &[LayerPolicy] {
+        &self.policies
+    }
+
+    /// Index into [`Self::policies`] of a layer's policy.
+    pub fn index(&self, layer: usize) -> Result<usize> {
+        self.layer_policy
+            .get(layer)
+            .copied()
+            .ok_or_else(|| self.layer_error(layer))
+    }
+
+    /// A layer's policy.
+    pub fn policy(&self, layer: usize) -> Result<LayerPolicy> {
+        let idx = self.index(layer)?;
+        self.policies
+            .get(idx)
+            .copied()
+            .ok_or_else(|| self.layer_error(layer))
+    }
+
+    /// The error for a layer out of range.
+    pub fn layer_error(&self, layer: usize) -> CacheError {
+        CacheError::InvalidArgument(format!(
+            "layer {layer} out of range: the cache has {} layers",
+            self.layer_policy.len()
+        ))
     }
 }
 

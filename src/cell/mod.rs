@@ -52,7 +52,7 @@ pub use plan::CellStepPlan;
 
 use std::collections::VecDeque;
 
-use crate::config::{CacheConfig, LayerPolicy, MAX_CAPACITY};
+use crate::config::{CacheConfig, LayerPolicy, PolicyTable, MAX_CAPACITY};
 use crate::error::{CacheError, Result};
 use ids::unknown;
 use placement::Scratch;
@@ -99,10 +99,8 @@ pub struct CellCache {
     cfg: CacheConfig,
     n_cells: usize,
     n_seq_max: usize,
-    /// Distinct policies, in first-seen layer order.
-    policies: Vec<LayerPolicy>,
-    /// Layer -> index into `policies`.
-    layer_policy: Vec<usize>,
+    /// Distinct policies and which one each layer uses.
+    table: PolicyTable,
     /// Policy -> table.
     policy_table: Vec<usize>,
     full: Option<usize>,
@@ -150,7 +148,8 @@ impl CellCache {
                     "n_cells {n_cells} x n_seq_max {n_seq_max}: owner bitsets would need more than {MAX_OWNER_WORDS} words"
                 ))
             })?;
-        let (policies, layer_policy) = cfg.distinct_policies()?;
+        let table = cfg.distinct_policies()?;
+        let policies = table.policies();
         let has_flat = policies.contains(&LayerPolicy::Flat);
         let ring_window = policies
             .iter()
@@ -188,8 +187,7 @@ impl CellCache {
             cfg,
             n_cells,
             n_seq_max,
-            policies,
-            layer_policy,
+            table,
             policy_table,
             full,
             ring,
@@ -269,15 +267,12 @@ impl CellCache {
 
     /// The distinct policies, in first-seen layer order.
     pub fn policies(&self) -> &[LayerPolicy] {
-        &self.policies
+        self.table.policies()
     }
 
     /// Index into [`Self::policies`] of a layer's policy.
     pub fn policy_index(&self, layer: usize) -> Result<usize> {
-        self.layer_policy
-            .get(layer)
-            .copied()
-            .ok_or_else(|| self.layer_error(layer))
+        self.table.index(layer)
     }
 
     /// Which cell table a layer's K/V pools are indexed by.
@@ -299,10 +294,7 @@ impl CellCache {
     }
 
     fn layer_error(&self, layer: usize) -> CacheError {
-        CacheError::InvalidArgument(format!(
-            "layer {layer} out of range: the cache has {} layers",
-            self.cfg.n_layers
-        ))
+        self.table.layer_error(layer)
     }
 
     fn table_ref(&self, table: usize) -> Result<&Table> {
@@ -594,11 +586,7 @@ impl CellCache {
         }
         let ti = self.policy_table.get(pi).copied().unwrap_or(0);
         let table = self.table_ref(ti)?;
-        let policy = self
-            .policies
-            .get(pi)
-            .copied()
-            .ok_or_else(|| self.layer_error(layer))?;
+        let policy = self.table.policy(layer)?;
         Ok(CellStepPlan {
             cells: &table.step_cells,
             positions: &self.step_pos,

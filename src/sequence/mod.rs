@@ -13,7 +13,7 @@ pub use plan::SeqStepPlan;
 
 use std::ops::Range;
 
-use crate::config::{CacheConfig, LayerPolicy};
+use crate::config::{CacheConfig, LayerPolicy, PolicyTable};
 use crate::error::{CacheError, Result};
 use crate::runs::Runs;
 
@@ -28,10 +28,8 @@ struct Step {
 #[derive(Debug, Clone)]
 pub struct SequenceCache {
     cfg: CacheConfig,
-    /// Distinct policies, in first-seen layer order.
-    policies: Vec<LayerPolicy>,
-    /// Layer -> index into `policies`.
-    layer_policy: Vec<usize>,
+    /// Distinct policies and which one each layer uses.
+    table: PolicyTable,
     length: usize,
     /// Highest length reached since the last clear: what bounds a ring rewind.
     high_water: usize,
@@ -47,13 +45,12 @@ impl SequenceCache {
     /// Validates `cfg` and builds an empty cache.
     pub fn new(cfg: CacheConfig) -> Result<Self> {
         cfg.validate()?;
-        let (policies, layer_policy) = cfg.distinct_policies()?;
-        let floors = vec![0; policies.len()];
+        let table = cfg.distinct_policies()?;
+        let floors = vec![0; table.policies().len()];
         Ok(SequenceCache {
             cfg,
             floors,
-            policies,
-            layer_policy,
+            table,
             length: 0,
             high_water: 0,
             step: None,
@@ -89,15 +86,12 @@ impl SequenceCache {
 
     /// The distinct policies, and which one each layer uses.
     pub fn policies(&self) -> &[LayerPolicy] {
-        &self.policies
+        self.table.policies()
     }
 
     /// Index into [`Self::policies`] of a layer's policy.
     pub fn policy_index(&self, layer: usize) -> Result<usize> {
-        self.layer_policy
-            .get(layer)
-            .copied()
-            .ok_or_else(|| self.layer_error(layer))
+        self.table.index(layer)
     }
 
     /// A counter that changes whenever a step opens or closes.
@@ -108,13 +102,6 @@ impl SequenceCache {
     /// Whether a step is open (`plan` serves it).
     pub fn step_open(&self) -> bool {
         self.step.is_some()
-    }
-
-    fn layer_error(&self, layer: usize) -> CacheError {
-        CacheError::InvalidArgument(format!(
-            "layer {layer} out of range: the cache has {} layers",
-            self.cfg.n_layers
-        ))
     }
 
     /// The admission gate: checks `1 <= n <= max_step` and room for `n` more
@@ -147,7 +134,7 @@ impl SequenceCache {
     /// `high_water - max_step` (the ring holds `window + max_step - 1` slots).
     pub fn min_rewind(&self) -> usize {
         let mut lo = 0;
-        for (i, p) in self.policies.iter().enumerate() {
+        for (i, p) in self.table.policies().iter().enumerate() {
             if let LayerPolicy::Ring { window } = *p {
                 // The next query at new_len needs new_len - window + 1 onwards.
                 let oldest_intact = self.oldest_intact(i);
@@ -164,7 +151,7 @@ impl SequenceCache {
     /// layer): a ring overwrote positions below `high_water - depth`, and a
     /// restored snapshot may have carried only a tail.
     pub fn oldest_intact(&self, idx: usize) -> usize {
-        match self.policies.get(idx) {
+        match self.table.policies().get(idx) {
             Some(p @ LayerPolicy::Ring { .. }) => {
                 let floor = self.floors.get(idx).copied().unwrap_or(0);
                 self.high_water
@@ -238,12 +225,7 @@ impl SequenceCache {
     /// bottom stay lost until `clear`. The positions of an open step count as
     /// held from `begin_step` on; their rows are what the layer's update wrote.
     pub fn held_range(&self, layer: usize) -> Result<Range<usize>> {
-        let idx = self.policy_index(layer)?;
-        let policy = self
-            .policies
-            .get(idx)
-            .copied()
-            .ok_or_else(|| self.layer_error(layer))?;
+        let policy = self.table.policy(layer)?;
         let oldest = self
             .high_water
             .saturating_sub(self.cfg.depth(policy))
@@ -263,12 +245,7 @@ impl SequenceCache {
                 held.start, held.end
             )));
         }
-        let idx = self.policy_index(layer)?;
-        let policy = self
-            .policies
-            .get(idx)
-            .copied()
-            .ok_or_else(|| self.layer_error(layer))?;
+        let policy = self.table.policy(layer)?;
         Ok(Runs::ring(
             lo,
             hi.saturating_sub(lo),
@@ -278,18 +255,14 @@ impl SequenceCache {
 
     /// The plan of the open step for `layer`: pure, the same on every call.
     pub fn plan(&self, layer: usize) -> Result<SeqStepPlan> {
-        let idx = self.policy_index(layer)?;
+        self.policy_index(layer)?; // a bad layer is refused before a closed step
         let step = self.step.ok_or_else(|| {
             CacheError::StepProtocol(
                 "plan: no open step (call begin_step first; rewind and clear close the step)"
                     .to_string(),
             )
         })?;
-        let policy = self
-            .policies
-            .get(idx)
-            .copied()
-            .ok_or_else(|| self.layer_error(layer))?;
+        let policy = self.table.policy(layer)?;
         Ok(SeqStepPlan::build(
             policy,
             self.cfg.depth(policy),
