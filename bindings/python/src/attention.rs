@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use crate::args::{opt_index, real, text};
 use crate::cell::{CellInner, PyCellCache};
-use crate::errors::{borrow, dtype_err, invalid_arg, make, shape_err, IntoPy};
+use crate::errors::{borrow, dtype_err, invalid_arg, shape_err, step_err, IntoPy};
 use crate::sequence::{PySequenceCache, SeqInner};
 use crate::spec::PyAttendSpec;
 
@@ -24,9 +24,7 @@ pub fn current_generation(py: Python<'_>, owner: &Py<PyAny>) -> Option<u64> {
 }
 
 fn stale(spec: &PyAttendSpec) -> PyErr {
-    make(
-        "StepError",
-        format!(
+    step_err(format!(
             "attend: the spec of layer {} belongs to a step that has since been closed; update (or spec) the layer in the open step",
             spec.layer
         ),

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
-use crate::errors::{borrow, borrow_mut, make, IntoPy};
+use crate::errors::{borrow, borrow_mut, step_err, unknown_seq_err, IntoPy};
 use crate::spec::PyAttendSpec;
 
 /// The state behind a Python cell cache: bookkeeping only, or with pools.
@@ -38,10 +38,9 @@ impl CellInner {
 fn seq_id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SeqId> {
     let v = index(obj, what)?;
     SeqId::try_from(v).map_err(|_| {
-        make(
-            "UnknownSequenceError",
-            format!("{what}: sequence {v} was not handed out by this cache"),
-        )
+        unknown_seq_err(format!(
+            "{what}: sequence {v} was not handed out by this cache"
+        ))
     })
 }
 
@@ -244,10 +243,9 @@ impl PyCellCache {
             .into_iter()
             .map(|v| {
                 SeqId::try_from(v).map_err(|_| {
-                    make(
-                        "UnknownSequenceError",
-                        format!("seq_ids: sequence {v} was not handed out by this cache"),
-                    )
+                    unknown_seq_err(format!(
+                        "seq_ids: sequence {v} was not handed out by this cache"
+                    ))
                 })
             })
             .collect::<PyResult<_>>()?;
@@ -305,14 +303,14 @@ pub struct PyKvCellCache;
 fn kv_cells_mut(base: &mut PyCellCache) -> PyResult<&mut KvCellCache> {
     match &mut base.inner {
         CellInner::Kv(c) => Ok(c),
-        CellInner::Plain(_) => Err(make("StepError", "not a KvCellCache")),
+        CellInner::Plain(_) => Err(step_err("not a KvCellCache")),
     }
 }
 
 fn kv_cells_ref(base: &PyCellCache) -> PyResult<&KvCellCache> {
     match &base.inner {
         CellInner::Kv(c) => Ok(c),
-        CellInner::Plain(_) => Err(make("StepError", "not a KvCellCache")),
+        CellInner::Plain(_) => Err(step_err("not a KvCellCache")),
     }
 }
 
@@ -527,10 +525,9 @@ pub struct PyCellStepPlan {
 }
 
 fn stale(layer: usize) -> PyErr {
-    make(
-        "StepError",
-        format!("the step this object was made for (layer {layer}) has been closed"),
-    )
+    step_err(format!(
+        "the step this object was made for (layer {layer}) has been closed"
+    ))
 }
 
 /// The dense `[T, read_len]` bool mask of `layer` for the open step of `owner`.

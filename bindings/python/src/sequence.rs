@@ -217,14 +217,14 @@ pub struct PyKvSequenceCache;
 fn kv_mut(base: &mut PySequenceCache) -> PyResult<&mut KvSequenceCache> {
     match &mut base.inner {
         SeqInner::Kv(c) => Ok(c),
-        SeqInner::Plain(_) => Err(crate::errors::make("StepError", "not a KvSequenceCache")),
+        SeqInner::Plain(_) => Err(crate::errors::step_err("not a KvSequenceCache")),
     }
 }
 
 pub fn kv_ref(base: &PySequenceCache) -> PyResult<&KvSequenceCache> {
     match &base.inner {
         SeqInner::Kv(c) => Ok(c),
-        SeqInner::Plain(_) => Err(crate::errors::make("StepError", "not a KvSequenceCache")),
+        SeqInner::Plain(_) => Err(crate::errors::step_err("not a KvSequenceCache")),
     }
 }
 

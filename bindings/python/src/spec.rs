@@ -44,14 +44,11 @@ pub fn view<'py>(
     let (h, s, d) = shape;
     let row = dtype.row_bytes(d);
     if h * s * row != buf.len() {
-        return Err(crate::errors::make(
-            "StepError",
-            format!(
-                "view: shape {shape:?} of {} does not match the buffer ({} bytes)",
-                dtype.name(),
-                buf.len()
-            ),
-        ));
+        return Err(crate::errors::step_err(format!(
+            "view: shape {shape:?} of {} does not match the buffer ({} bytes)",
+            dtype.name(),
+            buf.len()
+        )));
     }
     let owner = Bound::new(py, PoolBuffer { buf: buf.clone() })?;
     // SAFETY: ptr is valid for h*s*row bytes (checked above) for as long as
