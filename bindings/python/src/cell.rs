@@ -2,13 +2,13 @@
 //! planner faces, and `CellStepPlan`.
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
-use offgraph_kv::{CellCache, KvCellCache, SeqId};
+use offgraph_kv::{AttendSpec, CellCache, KvCellCache, SeqId};
 use pyo3::prelude::*;
 
 use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, step_err, unknown_seq_err, IntoPy};
-use crate::spec::PyAttendSpec;
+use crate::spec::{PyAttendSpec, SpecOwner};
 
 /// The state behind a Python cell cache: bookkeeping only, or with pools.
 pub enum CellInner {
@@ -351,7 +351,7 @@ impl PyKvCellCache {
             Some(b) => Some(crate::args::text(b, "bits")?),
             None => None,
         };
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let owner = Box::new(slf.as_super().clone().unbind());
         let mut this = rw(slf.as_super(), "update")?;
         let cache = kv_cells_mut(&mut this)?;
         let plan = cache.plan(layer).py_err()?;
@@ -366,7 +366,7 @@ impl PyKvCellCache {
     /// The open step's spec for `layer`, without writing.
     fn spec(slf: Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let owner = Box::new(slf.as_super().clone().unbind());
         let mut this = rw(slf.as_super(), "spec")?;
         let cache = kv_cells_mut(&mut this)?;
         PyAttendSpec::from_cells(owner, cache, layer)
@@ -548,6 +548,40 @@ pub fn dense_mask_py<'py>(
     let bytes = c.inner.dense_mask(layer).py_err()?;
     let flat: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
     PyArray1::from_vec(py, flat).reshape([t, read_len])
+}
+
+impl SpecOwner for Py<PyCellCache> {
+    fn generation(&self, py: Python<'_>) -> Option<u64> {
+        let c = self.bind(py).try_borrow().ok()?;
+        Some(c.inner.cells().generation())
+    }
+    fn dense_mask(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let m = dense_mask_py(py, self, generation, layer)?;
+        Ok(Some(m.into_any().unbind()))
+    }
+    fn with_core_spec(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+        what: &str,
+        f: &mut dyn FnMut(&AttendSpec<'_>) -> PyResult<()>,
+    ) -> PyResult<bool> {
+        let c = borrow(self.bind(py), what)?;
+        let CellInner::Kv(kv) = &c.inner else {
+            return Ok(false);
+        };
+        if kv.generation() != generation {
+            return Ok(false);
+        }
+        f(&kv.spec(layer).py_err()?)?;
+        Ok(true)
+    }
 }
 
 #[pymethods]

@@ -1,13 +1,13 @@
 //! `SequenceCache` (bookkeeping) and `KvSequenceCache` (plus pools), their
 //! control and planner faces, and `SeqStepPlan`.
 
-use offgraph_kv::{KvSequenceCache, Runs, SeqStepPlan, SequenceCache};
+use offgraph_kv::{AttendSpec, KvSequenceCache, Runs, SeqStepPlan, SequenceCache};
 use pyo3::prelude::*;
 
 use crate::args::index;
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, IntoPy};
-use crate::spec::PyAttendSpec;
+use crate::spec::{PyAttendSpec, SpecOwner};
 
 /// The state behind a Python sequence cache: bookkeeping only, or with pools.
 pub enum SeqInner {
@@ -210,6 +210,35 @@ impl PySequenceCache {
     }
 }
 
+impl SpecOwner for Py<PySequenceCache> {
+    fn generation(&self, py: Python<'_>) -> Option<u64> {
+        let c = self.bind(py).try_borrow().ok()?;
+        Some(c.inner.seq().generation())
+    }
+    /// A sequence step's mask is analytic (`mask_kind`, `window`).
+    fn dense_mask(&self, _: Python<'_>, _: u64, _: usize) -> PyResult<Option<Py<PyAny>>> {
+        Ok(None)
+    }
+    fn with_core_spec(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+        what: &str,
+        f: &mut dyn FnMut(&AttendSpec<'_>) -> PyResult<()>,
+    ) -> PyResult<bool> {
+        let c = borrow(self.bind(py), what)?;
+        let SeqInner::Kv(kv) = &c.inner else {
+            return Ok(false);
+        };
+        if kv.generation() != generation {
+            return Ok(false);
+        }
+        f(&kv.spec(layer).py_err()?)?;
+        Ok(true)
+    }
+}
+
 /// A SequenceCache plus per-layer K/V pools.
 #[pyclass(module = "offgraph_kv", name = "KvSequenceCache", extends = PySequenceCache)]
 pub struct PyKvSequenceCache;
@@ -257,7 +286,7 @@ impl PyKvSequenceCache {
             Some(b) => Some(crate::args::text(b, "bits")?),
             None => None,
         };
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let owner = Box::new(slf.as_super().clone().unbind());
         let mut this = rw(slf.as_super(), "update")?;
         let cache = kv_mut(&mut this)?;
         let plan = cache.plan(layer).py_err()?;
@@ -272,7 +301,7 @@ impl PyKvSequenceCache {
     /// The open step's spec for `layer`, without writing.
     fn spec(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
+        let owner = Box::new(slf.as_super().clone().unbind());
         let this = ro(slf.as_super(), "spec")?;
         PyAttendSpec::from_seq(owner, kv_ref(&this)?, layer)
     }
