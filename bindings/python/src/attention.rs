@@ -6,11 +6,11 @@ use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
 use pyo3::prelude::*;
 
 use crate::args::{opt_index, real, text};
-use crate::errors::{dtype_err, invalid_arg, shape_err, step_err, IntoPy};
+use crate::errors::{dtype_err, invalid_arg, shape_err, ErrorClass, IntoPy};
 use crate::spec::PyAttendSpec;
 
 fn stale(spec: &PyAttendSpec) -> PyErr {
-    step_err(format!(
+    ErrorClass::Step.err(format!(
             "attend: the spec of layer {} belongs to a step that has since been closed; update (or spec) the layer in the open step",
             spec.layer
         ),

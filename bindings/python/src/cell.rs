@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
-use crate::errors::{borrow, borrow_mut, step_err, unknown_seq_err, IntoPy};
+use crate::errors::{borrow, borrow_mut, ErrorClass, IntoPy};
 use crate::faces::face;
 use crate::pools::{update_args, write_step, Inner, KvPools};
 use crate::spec::{PyAttendSpec, SpecOwner};
@@ -42,7 +42,7 @@ fn seq_id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SeqId> {
 
 fn to_seq_id(v: usize, what: &str) -> PyResult<SeqId> {
     SeqId::try_from(v).map_err(|_| {
-        unknown_seq_err(format!(
+        ErrorClass::UnknownSequence.err(format!(
             "{what}: sequence {v} was not handed out by this cache"
         ))
     })
@@ -450,7 +450,7 @@ pub struct PyCellStepPlan {
 }
 
 fn stale(layer: usize) -> PyErr {
-    step_err(format!(
+    ErrorClass::Step.err(format!(
         "the step this object was made for (layer {layer}) has been closed"
     ))
 }

@@ -113,20 +113,12 @@ pub fn config_err(msg: impl Into<String>) -> PyErr {
     ErrorClass::Config.err(msg)
 }
 
-pub fn step_err(msg: impl Into<String>) -> PyErr {
-    ErrorClass::Step.err(msg)
-}
-
-pub fn unknown_seq_err(msg: impl Into<String>) -> PyErr {
-    ErrorClass::UnknownSequence.err(msg)
-}
-
 /// The refusal for a cache that is in use: a mutation while another thread
 /// runs `attend` on it (attend releases the GIL but keeps a shared borrow), or
 /// a callback (an `__index__`, an iterator) re-entering the cache. It is a
 /// `StepError`; the call changes nothing.
 pub fn busy(what: &str) -> PyErr {
-    step_err(format!(
+    ErrorClass::Step.err(format!(
             "{what}: the cache is in use by another call (attend running in another thread with the GIL released, or a re-entrant callback); a cache is not for concurrent use: serialize calls on it with a lock"
     ))
 }

@@ -6,7 +6,7 @@ use offgraph_kv::{AttendSpec, KvCellCache, KvSequenceCache, LayerConfig, Result,
 use pyo3::prelude::*;
 
 use crate::args::{index, kv_rows, text};
-use crate::errors::{step_err, IntoPy};
+use crate::errors::{ErrorClass, IntoPy};
 
 /// The state behind a Python cache: bookkeeping only (`P`), or with pools (`K`).
 pub enum Inner<P, K> {
@@ -19,13 +19,13 @@ impl<P, K> Inner<P, K> {
     pub fn kv(&self, kind: &str) -> PyResult<&K> {
         match self {
             Inner::Kv(c) => Ok(c),
-            Inner::Plain(_) => Err(step_err(format!("not a {kind}"))),
+            Inner::Plain(_) => Err(ErrorClass::Step.err(format!("not a {kind}"))),
         }
     }
     pub fn kv_mut(&mut self, kind: &str) -> PyResult<&mut K> {
         match self {
             Inner::Kv(c) => Ok(c),
-            Inner::Plain(_) => Err(step_err(format!("not a {kind}"))),
+            Inner::Plain(_) => Err(ErrorClass::Step.err(format!("not a {kind}"))),
         }
     }
 }

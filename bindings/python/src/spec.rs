@@ -44,7 +44,7 @@ pub fn view<'py>(
     let (h, s, d) = shape;
     let row = dtype.row_bytes(d);
     if h * s * row != buf.len() {
-        return Err(crate::errors::step_err(format!(
+        return Err(crate::errors::ErrorClass::Step.err(format!(
             "view: shape {shape:?} of {} does not match the buffer ({} bytes)",
             dtype.name(),
             buf.len()
