@@ -6,27 +6,11 @@ use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
 use pyo3::prelude::*;
 
 use crate::args::{opt_index, real, text};
-use crate::cell::{CellInner, PyCellCache};
-use crate::errors::{borrow, dtype_err, invalid_arg, make, shape_err, IntoPy};
-use crate::sequence::{PySequenceCache, SeqInner};
+use crate::errors::{dtype_err, invalid_arg, shape_err, ErrorClass, IntoPy};
 use crate::spec::PyAttendSpec;
 
-/// The step generation of the cache behind a spec (None if it is no cache of ours).
-pub fn current_generation(py: Python<'_>, owner: &Py<PyAny>) -> Option<u64> {
-    let b = owner.bind(py);
-    if let Ok(c) = b.cast::<PySequenceCache>() {
-        return c.try_borrow().ok().map(|c| c.inner.seq().generation());
-    }
-    if let Ok(c) = b.cast::<PyCellCache>() {
-        return c.try_borrow().ok().map(|c| c.inner.cells().generation());
-    }
-    None
-}
-
 fn stale(spec: &PyAttendSpec) -> PyErr {
-    make(
-        "StepError",
-        format!(
+    ErrorClass::Step.err(format!(
             "attend: the spec of layer {} belongs to a step that has since been closed; update (or spec) the layer in the open step",
             spec.layer
         ),
@@ -112,30 +96,13 @@ pub fn attend<'py>(
     let out = PyArray3::<f32>::zeros(py, q_shape, false);
     // SAFETY: `out` was just created here and no other reference to it exists.
     let out_slice = unsafe { out.as_slice_mut() }.map_err(|e| shape_err(e.to_string()))?;
-    let owner = spec.owner.bind(py);
-    if let Ok(c) = owner.cast::<PySequenceCache>() {
-        let c = borrow(c, "attend")?;
-        let SeqInner::Kv(kv) = &c.inner else {
-            return Err(stale(&spec));
-        };
-        if kv.generation() != spec.generation {
-            return Err(stale(&spec));
-        }
-        let core = kv.spec(spec.layer).py_err()?;
-        py.detach(|| attend_into(q_data, q_shape, &core, &opts, out_slice))
-            .py_err()?;
-    } else if let Ok(c) = owner.cast::<PyCellCache>() {
-        let c = borrow(c, "attend")?;
-        let CellInner::Kv(kv) = &c.inner else {
-            return Err(stale(&spec));
-        };
-        if kv.generation() != spec.generation {
-            return Err(stale(&spec));
-        }
-        let core = kv.spec(spec.layer).py_err()?;
-        py.detach(|| attend_into(q_data, q_shape, &core, &opts, out_slice))
-            .py_err()?;
-    } else {
+    let ran =
+        spec.owner
+            .with_core_spec(py, spec.generation, spec.layer, "attend", &mut |core| {
+                py.detach(|| attend_into(q_data, q_shape, core, &opts, &mut *out_slice))
+                    .py_err()
+            })?;
+    if !ran {
         return Err(stale(&spec));
     }
     Ok(out)

@@ -2,19 +2,20 @@
 //! planner faces, and `CellStepPlan`.
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
-use offgraph_kv::{CellCache, KvCellCache, SeqId};
+use offgraph_kv::{AttendSpec, CellCache, KvCellCache, SeqId};
 use pyo3::prelude::*;
 
 use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
-use crate::errors::{borrow, borrow_mut, make, IntoPy};
-use crate::spec::PyAttendSpec;
+use crate::errors::{borrow, borrow_mut, ErrorClass, IntoPy};
+use crate::faces::face;
+use crate::pools::{update_args, write_step, Inner, KvPools};
+use crate::spec::{PyAttendSpec, SpecOwner};
 
 /// The state behind a Python cell cache: bookkeeping only, or with pools.
-pub enum CellInner {
-    Plain(CellCache),
-    Kv(KvCellCache),
-}
+pub type CellInner = Inner<CellCache, KvCellCache>;
+
+const KV_KIND: &str = "KvCellCache";
 
 impl CellInner {
     pub fn cells(&self) -> &CellCache {
@@ -36,13 +37,28 @@ impl CellInner {
 
 /// A sequence id from Python: ints beyond `SeqId` cannot be ours.
 fn seq_id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SeqId> {
-    let v = index(obj, what)?;
+    to_seq_id(index(obj, what)?, what)
+}
+
+fn to_seq_id(v: usize, what: &str) -> PyResult<SeqId> {
     SeqId::try_from(v).map_err(|_| {
-        make(
-            "UnknownSequenceError",
-            format!("{what}: sequence {v} was not handed out by this cache"),
-        )
+        ErrorClass::UnknownSequence.err(format!(
+            "{what}: sequence {v} was not handed out by this cache"
+        ))
     })
+}
+
+/// `n_cells` and `n_seq_max` (default 256) of a new cell cache.
+fn sizes(
+    n_cells: &Bound<'_, PyAny>,
+    n_seq_max: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(usize, usize)> {
+    let n_cells = crate::args::index_with(n_cells, "n_cells", crate::errors::config_err)?;
+    let n_seq_max = match n_seq_max.filter(|o| !o.is_none()) {
+        Some(o) => crate::args::index_with(o, "n_seq_max", crate::errors::config_err)?,
+        None => 256,
+    };
+    Ok((n_cells, n_seq_max))
 }
 
 fn runs_py(runs: &[offgraph_kv::Run]) -> Vec<(usize, usize)> {
@@ -67,18 +83,7 @@ pub struct PyCellCache {
     pub inner: CellInner,
 }
 
-type CellRef<'py> = PyRef<'py, PyCellCache>;
-type CellMut<'py> = PyRefMut<'py, PyCellCache>;
-
-fn ro<'py>(slf: &Bound<'py, PyCellCache>, what: &str) -> PyResult<CellRef<'py>> {
-    borrow(slf, what)
-}
-
-fn rw<'py>(slf: &Bound<'py, PyCellCache>, what: &str) -> PyResult<CellMut<'py>> {
-    borrow_mut(slf, what)
-}
-
-// Every method takes `slf: &Bound<Self>` and borrows through `ro`/`rw`, so a
+// Every method takes `slf: &Bound<Self>` and borrows through `borrow`/`borrow_mut`, so a
 // borrow conflict is a `StepError`, never PyO3's `RuntimeError` or a panic.
 // Arguments are converted before the borrow.
 #[pymethods]
@@ -90,11 +95,7 @@ impl PyCellCache {
         n_cells: &Bound<'_, PyAny>,
         n_seq_max: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let n_cells = crate::args::index_with(n_cells, "n_cells", crate::errors::config_err)?;
-        let n_seq_max = match n_seq_max.filter(|o| !o.is_none()) {
-            Some(o) => crate::args::index_with(o, "n_seq_max", crate::errors::config_err)?,
-            None => 256,
-        };
+        let (n_cells, n_seq_max) = sizes(n_cells, n_seq_max)?;
         Ok(PyCellCache {
             inner: CellInner::Plain(
                 CellCache::new(cfg.inner.clone(), n_cells, n_seq_max).py_err()?,
@@ -120,11 +121,15 @@ impl PyCellCache {
     #[getter]
     fn config(slf: &Bound<'_, Self>) -> PyResult<PyCacheConfig> {
         Ok(PyCacheConfig {
-            inner: ro(slf, "config")?.inner.cells().config().clone(),
+            inner: borrow(slf, "config")?.inner.cells().config().clone(),
         })
     }
     fn seq_new(slf: &Bound<'_, Self>) -> PyResult<SeqId> {
-        rw(slf, "seq_new")?.inner.cells_mut().seq_new().py_err()
+        borrow_mut(slf, "seq_new")?
+            .inner
+            .cells_mut()
+            .seq_new()
+            .py_err()
     }
     /// A new sequence owning `src`'s cells with position < `upto` (all when
     /// None): sets a bit per cell, copies no K/V.
@@ -136,7 +141,7 @@ impl PyCellCache {
     ) -> PyResult<SeqId> {
         let src = seq_id(src, "src")?;
         let upto = opt_index(upto, "upto")?;
-        rw(slf, "seq_clone")?
+        borrow_mut(slf, "seq_clone")?
             .inner
             .cells_mut()
             .seq_clone(src, upto)
@@ -153,7 +158,7 @@ impl PyCellCache {
         let seq = seq_id(seq, "seq")?;
         let p0 = opt_index(p0, "p0")?.unwrap_or(0);
         let p1 = opt_index(p1, "p1")?;
-        rw(slf, "seq_rm")?
+        borrow_mut(slf, "seq_rm")?
             .inner
             .cells_mut()
             .seq_rm(seq, p0, p1)
@@ -161,7 +166,7 @@ impl PyCellCache {
     }
     fn seq_free(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<()> {
         let seq = seq_id(seq, "seq")?;
-        rw(slf, "seq_free")?
+        borrow_mut(slf, "seq_free")?
             .inner
             .cells_mut()
             .seq_free(seq)
@@ -170,24 +175,28 @@ impl PyCellCache {
     /// 1 + the highest position `seq` holds (0 when empty).
     fn next_pos(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
         let seq = seq_id(seq, "seq")?;
-        ro(slf, "next_pos")?.inner.cells().next_pos(seq).py_err()
+        borrow(slf, "next_pos")?
+            .inner
+            .cells()
+            .next_pos(seq)
+            .py_err()
     }
     fn seq_len(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
         let seq = seq_id(seq, "seq")?;
-        ro(slf, "seq_len")?.inner.cells().seq_len(seq).py_err()
+        borrow(slf, "seq_len")?.inner.cells().seq_len(seq).py_err()
     }
     #[getter]
     fn live_seqs(slf: &Bound<'_, Self>) -> PyResult<Vec<SeqId>> {
-        Ok(ro(slf, "live_seqs")?.inner.cells().live_seqs())
+        Ok(borrow(slf, "live_seqs")?.inner.cells().live_seqs())
     }
     #[getter]
     fn free_cells(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "free_cells")?.inner.cells().free_cells())
+        Ok(borrow(slf, "free_cells")?.inner.cells().free_cells())
     }
     /// Free cells of one table (`free_cells` is the tightest table's figure).
     fn free_cells_in(slf: &Bound<'_, Self>, table: &Bound<'_, PyAny>) -> PyResult<usize> {
         let table = index(table, "table")?;
-        ro(slf, "free_cells_in")?
+        borrow(slf, "free_cells_in")?
             .inner
             .cells()
             .free_cells_in(table)
@@ -195,25 +204,25 @@ impl PyCellCache {
     }
     #[getter]
     fn capacity(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "capacity")?.inner.cells().capacity())
+        Ok(borrow(slf, "capacity")?.inner.cells().capacity())
     }
     #[getter]
     fn n_seq_max(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "n_seq_max")?.inner.cells().n_seq_max())
+        Ok(borrow(slf, "n_seq_max")?.inner.cells().n_seq_max())
     }
     #[getter]
     fn n_tables(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "n_tables")?.inner.cells().n_tables())
+        Ok(borrow(slf, "n_tables")?.inner.cells().n_tables())
     }
     #[getter]
     fn step_open(slf: &Bound<'_, Self>) -> PyResult<bool> {
-        Ok(ro(slf, "step_open")?.inner.cells().step_open())
+        Ok(borrow(slf, "step_open")?.inner.cells().step_open())
     }
     /// Cells owned by two sequences or more, in `table` (default: table 0).
     #[pyo3(signature = (table=None))]
     fn shared_cells(slf: &Bound<'_, Self>, table: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let table = opt_index(table, "table")?.unwrap_or(0);
-        ro(slf, "shared_cells")?
+        borrow(slf, "shared_cells")?
             .inner
             .cells()
             .shared_cells(table)
@@ -222,15 +231,19 @@ impl PyCellCache {
     /// Which cell table a layer reads (flat layers: full; ring layers: ring).
     fn table_of(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let layer = index(layer, "layer")?;
-        ro(slf, "table_of")?.inner.cells().table_of(layer).py_err()
+        borrow(slf, "table_of")?
+            .inner
+            .cells()
+            .table_of(layer)
+            .py_err()
     }
     #[pyo3(signature = (n=None))]
     fn can_extend(slf: &Bound<'_, Self>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let n = opt_index(n, "n")?.unwrap_or(1);
-        Ok(ro(slf, "can_extend")?.inner.cells().can_extend(n))
+        Ok(borrow(slf, "can_extend")?.inner.cells().can_extend(n))
     }
     fn clear(slf: &Bound<'_, Self>) -> PyResult<()> {
-        rw(slf, "clear")?.inner.cells_mut().clear();
+        borrow_mut(slf, "clear")?.inner.cells_mut().clear();
         Ok(())
     }
     /// Admission and placement, all or nothing: one entry per token.
@@ -242,17 +255,10 @@ impl PyCellCache {
         let ids = index_list(seq_ids, "seq_ids")?;
         let ids: Vec<SeqId> = ids
             .into_iter()
-            .map(|v| {
-                SeqId::try_from(v).map_err(|_| {
-                    make(
-                        "UnknownSequenceError",
-                        format!("seq_ids: sequence {v} was not handed out by this cache"),
-                    )
-                })
-            })
+            .map(|v| to_seq_id(v, "seq_ids"))
             .collect::<PyResult<_>>()?;
         let pos = index_list(positions, "positions")?;
-        let mut this = rw(slf, "begin_step")?;
+        let mut this = borrow_mut(slf, "begin_step")?;
         match &mut this.inner {
             CellInner::Plain(c) => c.begin_step(&ids, &pos).py_err(),
             CellInner::Kv(c) => c.begin_step(&ids, &pos).py_err(),
@@ -279,9 +285,9 @@ impl PyCellCache {
 
 impl PyCellCache {
     /// The plan object for `layer` of the open step.
-    fn plan_of(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan> {
+    fn plan(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan> {
         let layer = index(layer, "layer")?;
-        let this = ro(slf, "plan")?;
+        let this = borrow(slf, "plan")?;
         let c = this.inner.cells();
         let p = c.plan(layer).py_err()?;
         Ok(PyCellStepPlan {
@@ -302,20 +308,6 @@ impl PyCellCache {
 #[pyclass(module = "offgraph_kv", name = "KvCellCache", extends = PyCellCache)]
 pub struct PyKvCellCache;
 
-fn kv_cells_mut(base: &mut PyCellCache) -> PyResult<&mut KvCellCache> {
-    match &mut base.inner {
-        CellInner::Kv(c) => Ok(c),
-        CellInner::Plain(_) => Err(make("StepError", "not a KvCellCache")),
-    }
-}
-
-fn kv_cells_ref(base: &PyCellCache) -> PyResult<&KvCellCache> {
-    match &base.inner {
-        CellInner::Kv(c) => Ok(c),
-        CellInner::Plain(_) => Err(make("StepError", "not a KvCellCache")),
-    }
-}
-
 #[pymethods]
 impl PyKvCellCache {
     #[new]
@@ -325,11 +317,7 @@ impl PyKvCellCache {
         n_cells: &Bound<'_, PyAny>,
         n_seq_max: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let n_cells = crate::args::index_with(n_cells, "n_cells", crate::errors::config_err)?;
-        let n_seq_max = match n_seq_max.filter(|o| !o.is_none()) {
-            Some(o) => crate::args::index_with(o, "n_seq_max", crate::errors::config_err)?,
-            None => 256,
-        };
+        let (n_cells, n_seq_max) = sizes(n_cells, n_seq_max)?;
         let kv = KvCellCache::new(cfg.inner.clone(), n_cells, n_seq_max).py_err()?;
         Ok(PyClassInitializer::from(PyCellCache {
             inner: CellInner::Kv(kv),
@@ -348,47 +336,34 @@ impl PyKvCellCache {
         v: &Bound<'_, PyAny>,
         bits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyAttendSpec> {
-        let layer = index(layer, "layer")?;
-        let bits = match bits.filter(|b| !b.is_none()) {
-            Some(b) => Some(crate::args::text(b, "bits")?),
-            None => None,
-        };
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let mut this = rw(slf.as_super(), "update")?;
-        let cache = kv_cells_mut(&mut this)?;
-        let plan = cache.plan(layer).py_err()?;
-        let l = *cache.config().layer(layer).py_err()?;
-        let (kb, vb) = crate::args::kv_rows(k, v, &l, plan.n_tokens(), bits.as_deref())?;
-        cache
-            .update_rows(layer, kb.as_rows(), vb.as_rows())
-            .py_err()?;
+        let (layer, bits) = update_args(layer, bits)?;
+        let owner = Box::new(slf.as_super().clone().unbind());
+        let mut this = borrow_mut(slf.as_super(), "update")?;
+        let cache = this.inner.kv_mut(KV_KIND)?;
+        write_step(cache, layer, k, v, bits.as_deref())?;
         PyAttendSpec::from_cells(owner, cache, layer)
     }
 
     /// The open step's spec for `layer`, without writing.
     fn spec(slf: Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let mut this = rw(slf.as_super(), "spec")?;
-        let cache = kv_cells_mut(&mut this)?;
+        let owner = Box::new(slf.as_super().clone().unbind());
+        let mut this = borrow_mut(slf.as_super(), "spec")?;
+        let cache = this.inner.kv_mut(KV_KIND)?;
         PyAttendSpec::from_cells(owner, cache, layer)
     }
 
     #[pyo3(signature = (layer=None))]
     fn nbytes(slf: &Bound<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let layer = opt_index(layer, "layer")?;
-        let this = ro(slf.as_super(), "nbytes")?;
-        let cache = kv_cells_ref(&this)?;
-        match layer {
-            Some(l) => cache.nbytes(l).py_err(),
-            None => Ok(cache.nbytes_total()),
-        }
+        let this = borrow(slf.as_super(), "nbytes")?;
+        this.inner.kv(KV_KIND)?.pool_bytes(layer).py_err()
     }
 
     fn pool_slots(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let layer = index(layer, "layer")?;
-        let this = ro(slf.as_super(), "pool_slots")?;
-        Ok(kv_cells_ref(&this)?.pool(layer).py_err()?.slots())
+        let this = borrow(slf.as_super(), "pool_slots")?;
+        this.inner.kv(KV_KIND)?.slots(layer).py_err()
     }
 
     /// A snapshot (bytes) of `seq`'s positions below `upto` (`None`: all),
@@ -401,8 +376,8 @@ impl PyKvCellCache {
     ) -> PyResult<Py<pyo3::types::PyBytes>> {
         let seq = seq_id(seq, "seq")?;
         let upto = opt_index(upto, "upto")?;
-        let this = ro(slf.as_super(), "save_seq")?;
-        let data = kv_cells_ref(&this)?.save_seq(seq, upto).py_err()?;
+        let this = borrow(slf.as_super(), "save_seq")?;
+        let data = this.inner.kv(KV_KIND)?.save_seq(seq, upto).py_err()?;
         Ok(crate::snapshot::to_bytes(slf.py(), data))
     }
 
@@ -410,8 +385,8 @@ impl PyKvCellCache {
     /// or nothing (`SnapshotError`, `CapacityError`; the cache unchanged).
     fn load_seq(slf: &Bound<'_, Self>, blob: &Bound<'_, PyAny>) -> PyResult<SeqId> {
         let data = crate::snapshot::data(blob, "blob")?;
-        let mut this = rw(slf.as_super(), "load_seq")?;
-        kv_cells_mut(&mut this)?.load_seq(&data).py_err()
+        let mut this = borrow_mut(slf.as_super(), "load_seq")?;
+        this.inner.kv_mut(KV_KIND)?.load_seq(&data).py_err()
     }
 }
 
@@ -422,76 +397,30 @@ pub struct CellControl {
     cache: Py<PyCellCache>,
 }
 
-#[pymethods]
-impl CellControl {
-    #[getter]
-    fn cache(&self, py: Python<'_>) -> Py<PyCellCache> {
-        self.cache.clone_ref(py)
-    }
-    fn seq_new(&self, py: Python<'_>) -> PyResult<SeqId> {
-        PyCellCache::seq_new(self.cache.bind(py))
-    }
+face! {
+    CellControl => PyCellCache, repr "CellControl";
+    fn seq_new() -> PyResult<SeqId>;
     #[pyo3(signature = (src, upto=None))]
-    fn seq_clone(
-        &self,
-        py: Python<'_>,
-        src: &Bound<'_, PyAny>,
-        upto: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<SeqId> {
-        PyCellCache::seq_clone(self.cache.bind(py), src, upto)
-    }
+    fn seq_clone(src: &Bound<'_, PyAny>, upto: Option<&Bound<'_, PyAny>>) -> PyResult<SeqId>;
     #[pyo3(signature = (seq, p0=None, p1=None))]
     fn seq_rm(
-        &self,
-        py: Python<'_>,
         seq: &Bound<'_, PyAny>,
         p0: Option<&Bound<'_, PyAny>>,
-        p1: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        PyCellCache::seq_rm(self.cache.bind(py), seq, p0, p1)
-    }
-    fn seq_free(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<()> {
-        PyCellCache::seq_free(self.cache.bind(py), seq)
-    }
-    fn next_pos(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        PyCellCache::next_pos(self.cache.bind(py), seq)
-    }
-    fn seq_len(&self, py: Python<'_>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        PyCellCache::seq_len(self.cache.bind(py), seq)
-    }
+        p1: Option<&Bound<'_, PyAny>>
+    ) -> PyResult<()>;
+    fn seq_free(seq: &Bound<'_, PyAny>) -> PyResult<()>;
+    fn next_pos(seq: &Bound<'_, PyAny>) -> PyResult<usize>;
+    fn seq_len(seq: &Bound<'_, PyAny>) -> PyResult<usize>;
     #[getter]
-    fn free_cells(&self, py: Python<'_>) -> PyResult<usize> {
-        PyCellCache::free_cells(self.cache.bind(py))
-    }
+    fn free_cells() -> PyResult<usize>;
     #[getter]
-    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
-        PyCellCache::capacity(self.cache.bind(py))
-    }
+    fn capacity() -> PyResult<usize>;
     #[getter]
-    fn live_seqs(&self, py: Python<'_>) -> PyResult<Vec<SeqId>> {
-        PyCellCache::live_seqs(self.cache.bind(py))
-    }
+    fn live_seqs() -> PyResult<Vec<SeqId>>;
     #[pyo3(signature = (n=None))]
-    fn can_extend(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        PyCellCache::can_extend(self.cache.bind(py), n)
-    }
-    fn clear(&self, py: Python<'_>) -> PyResult<()> {
-        PyCellCache::clear(self.cache.bind(py))
-    }
-    fn begin_step(
-        &self,
-        py: Python<'_>,
-        seq_ids: &Bound<'_, PyAny>,
-        positions: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        PyCellCache::begin_step(self.cache.bind(py), seq_ids, positions)
-    }
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "CellControl({})",
-            PyCellCache::__repr__(self.cache.bind(py))
-        )
-    }
+    fn can_extend(n: Option<&Bound<'_, PyAny>>) -> PyResult<bool>;
+    fn clear() -> PyResult<()>;
+    fn begin_step(seq_ids: &Bound<'_, PyAny>, positions: &Bound<'_, PyAny>) -> PyResult<()>;
 }
 
 /// The backend's face of a cell cache. It keeps its cache alive.
@@ -500,15 +429,9 @@ pub struct CellPlanner {
     cache: Py<PyCellCache>,
 }
 
-#[pymethods]
-impl CellPlanner {
-    fn plan(&self, py: Python<'_>, layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan> {
-        PyCellCache::plan_of(self.cache.bind(py), layer)
-    }
-    #[getter]
-    fn cache(&self, py: Python<'_>) -> Py<PyCellCache> {
-        self.cache.clone_ref(py)
-    }
+face! {
+    CellPlanner => PyCellCache;
+    fn plan(layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan>;
 }
 
 /// One layer's view of an open cell step. `cells` is a snapshot; `mask` and
@@ -527,10 +450,9 @@ pub struct PyCellStepPlan {
 }
 
 fn stale(layer: usize) -> PyErr {
-    make(
-        "StepError",
-        format!("the step this object was made for (layer {layer}) has been closed"),
-    )
+    ErrorClass::Step.err(format!(
+        "the step this object was made for (layer {layer}) has been closed"
+    ))
 }
 
 /// The dense `[T, read_len]` bool mask of `layer` for the open step of `owner`.
@@ -551,6 +473,34 @@ pub fn dense_mask_py<'py>(
     let bytes = c.inner.dense_mask(layer).py_err()?;
     let flat: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
     PyArray1::from_vec(py, flat).reshape([t, read_len])
+}
+
+impl SpecOwner for Py<PyCellCache> {
+    fn generation(&self, py: Python<'_>) -> Option<u64> {
+        let c = self.bind(py).try_borrow().ok()?;
+        Some(c.inner.cells().generation())
+    }
+    fn dense_mask(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let m = dense_mask_py(py, self, generation, layer)?;
+        Ok(Some(m.into_any().unbind()))
+    }
+    fn with_core_spec(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+        what: &str,
+        f: &mut dyn FnMut(&AttendSpec<'_>) -> PyResult<()>,
+    ) -> PyResult<bool> {
+        borrow(self.bind(py), what)?
+            .inner
+            .with_core_spec(generation, layer, f)
+    }
 }
 
 #[pymethods]

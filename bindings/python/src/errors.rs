@@ -9,43 +9,81 @@ use pyo3::PyClass;
 
 static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
-/// The exception class `name` of `offgraph_kv._errors`.
-fn class(py: Python<'_>, name: &str) -> PyResult<Py<PyType>> {
-    let module =
-        ERRORS.get_or_try_init(py, || py.import("offgraph_kv._errors").map(Bound::unbind))?;
-    Ok(module
-        .bind(py)
-        .getattr(name)?
-        .cast_into::<PyType>()?
-        .unbind())
+/// The exception classes of `offgraph_kv._errors` the native module raises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    Config,
+    InvalidArgument,
+    Shape,
+    DType,
+    NotFound,
+    KeyExists,
+    Capacity,
+    Step,
+    UnknownSequence,
+    Backend,
+    Snapshot,
 }
 
-/// Builds an exception of class `name` carrying `msg`.
-pub fn make(name: &str, msg: impl Into<String>) -> PyErr {
-    let msg = msg.into();
-    Python::attach(|py| match class(py, name) {
-        Ok(cls) => PyErr::from_type(cls.into_bound(py), (msg,)),
-        Err(e) => {
-            PyRuntimeError::new_err(format!("{msg} (and the error classes failed to load: {e})"))
+impl ErrorClass {
+    /// The Python class name: the one place each is spelled.
+    fn name(self) -> &'static str {
+        match self {
+            ErrorClass::Config => "ConfigError",
+            ErrorClass::InvalidArgument => "InvalidArgumentError",
+            ErrorClass::Shape => "ShapeError",
+            ErrorClass::DType => "DTypeError",
+            ErrorClass::NotFound => "NotFoundError",
+            ErrorClass::KeyExists => "KeyExistsError",
+            ErrorClass::Capacity => "CapacityError",
+            ErrorClass::Step => "StepError",
+            ErrorClass::UnknownSequence => "UnknownSequenceError",
+            ErrorClass::Backend => "BackendError",
+            ErrorClass::Snapshot => "SnapshotError",
         }
-    })
+    }
+
+    /// The class a core error is raised as.
+    fn of(err: &CacheError) -> Self {
+        match err {
+            CacheError::InvalidConfig(_) => ErrorClass::Config,
+            CacheError::InvalidArgument(_) => ErrorClass::InvalidArgument,
+            CacheError::Shape(_) => ErrorClass::Shape,
+            CacheError::NotFound(_) => ErrorClass::NotFound,
+            CacheError::KeyExists(_) => ErrorClass::KeyExists,
+            CacheError::OutOfCapacity(_) => ErrorClass::Capacity,
+            CacheError::UnknownSequence(_) => ErrorClass::UnknownSequence,
+            CacheError::StepProtocol(_) => ErrorClass::Step,
+            CacheError::Backend(_) => ErrorClass::Backend,
+            CacheError::Snapshot(_) => ErrorClass::Snapshot,
+        }
+    }
+
+    fn class(self, py: Python<'_>) -> PyResult<Py<PyType>> {
+        let module =
+            ERRORS.get_or_try_init(py, || py.import("offgraph_kv._errors").map(Bound::unbind))?;
+        Ok(module
+            .bind(py)
+            .getattr(self.name())?
+            .cast_into::<PyType>()?
+            .unbind())
+    }
+
+    /// An exception of this class carrying `msg`.
+    pub fn err(self, msg: impl Into<String>) -> PyErr {
+        let msg = msg.into();
+        Python::attach(|py| match self.class(py) {
+            Ok(cls) => PyErr::from_type(cls.into_bound(py), (msg,)),
+            Err(e) => PyRuntimeError::new_err(format!(
+                "{msg} (and the error classes failed to load: {e})"
+            )),
+        })
+    }
 }
 
 /// The Python exception for a core error.
 pub fn to_py(err: CacheError) -> PyErr {
-    let name = match &err {
-        CacheError::InvalidConfig(_) => "ConfigError",
-        CacheError::InvalidArgument(_) => "InvalidArgumentError",
-        CacheError::Shape(_) => "ShapeError",
-        CacheError::NotFound(_) => "NotFoundError",
-        CacheError::KeyExists(_) => "KeyExistsError",
-        CacheError::OutOfCapacity(_) => "CapacityError",
-        CacheError::UnknownSequence(_) => "UnknownSequenceError",
-        CacheError::StepProtocol(_) => "StepError",
-        CacheError::Backend(_) => "BackendError",
-        CacheError::Snapshot(_) => "SnapshotError",
-    };
-    make(name, err.message().to_string())
+    ErrorClass::of(&err).err(err.message().to_string())
 }
 
 /// `?`-friendly conversion for core results.
@@ -60,19 +98,19 @@ impl<T> IntoPy<T> for offgraph_kv::Result<T> {
 }
 
 pub fn invalid_arg(msg: impl Into<String>) -> PyErr {
-    make("InvalidArgumentError", msg)
+    ErrorClass::InvalidArgument.err(msg)
 }
 
 pub fn dtype_err(msg: impl Into<String>) -> PyErr {
-    make("DTypeError", msg)
+    ErrorClass::DType.err(msg)
 }
 
 pub fn shape_err(msg: impl Into<String>) -> PyErr {
-    make("ShapeError", msg)
+    ErrorClass::Shape.err(msg)
 }
 
 pub fn config_err(msg: impl Into<String>) -> PyErr {
-    make("ConfigError", msg)
+    ErrorClass::Config.err(msg)
 }
 
 /// The refusal for a cache that is in use: a mutation while another thread
@@ -80,12 +118,9 @@ pub fn config_err(msg: impl Into<String>) -> PyErr {
 /// a callback (an `__index__`, an iterator) re-entering the cache. It is a
 /// `StepError`; the call changes nothing.
 pub fn busy(what: &str) -> PyErr {
-    make(
-        "StepError",
-        format!(
+    ErrorClass::Step.err(format!(
             "{what}: the cache is in use by another call (attend running in another thread with the GIL released, or a re-entrant callback); a cache is not for concurrent use: serialize calls on it with a lock"
-        ),
-    )
+    ))
 }
 
 /// Shared borrow of a cache object, `StepError` (not PyO3's `RuntimeError`,

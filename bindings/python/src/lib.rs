@@ -7,6 +7,8 @@ mod attention;
 mod cell;
 mod config;
 mod errors;
+mod faces;
+mod pools;
 mod registry;
 mod sequence;
 mod snapshot;

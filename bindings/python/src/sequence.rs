@@ -1,19 +1,20 @@
 //! `SequenceCache` (bookkeeping) and `KvSequenceCache` (plus pools), their
 //! control and planner faces, and `SeqStepPlan`.
 
-use offgraph_kv::{KvSequenceCache, Runs, SeqStepPlan, SequenceCache};
+use offgraph_kv::{AttendSpec, KvSequenceCache, Runs, SeqStepPlan, SequenceCache};
 use pyo3::prelude::*;
 
 use crate::args::index;
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, IntoPy};
-use crate::spec::PyAttendSpec;
+use crate::faces::face;
+use crate::pools::{update_args, write_step, Inner, KvPools};
+use crate::spec::{PyAttendSpec, SpecOwner};
 
 /// The state behind a Python sequence cache: bookkeeping only, or with pools.
-pub enum SeqInner {
-    Plain(SequenceCache),
-    Kv(KvSequenceCache),
-}
+pub type SeqInner = Inner<SequenceCache, KvSequenceCache>;
+
+const KV_KIND: &str = "KvSequenceCache";
 
 impl SeqInner {
     pub fn seq(&self) -> &SequenceCache {
@@ -64,18 +65,7 @@ pub struct PySequenceCache {
     pub inner: SeqInner,
 }
 
-type SeqRef<'py> = PyRef<'py, PySequenceCache>;
-type SeqMut<'py> = PyRefMut<'py, PySequenceCache>;
-
-fn ro<'py>(slf: &Bound<'py, PySequenceCache>, what: &str) -> PyResult<SeqRef<'py>> {
-    borrow(slf, what)
-}
-
-fn rw<'py>(slf: &Bound<'py, PySequenceCache>, what: &str) -> PyResult<SeqMut<'py>> {
-    borrow_mut(slf, what)
-}
-
-// Every method takes `slf: &Bound<Self>` and borrows through `ro`/`rw`, so a
+// Every method takes `slf: &Bound<Self>` and borrows through `borrow`/`borrow_mut`, so a
 // borrow conflict is a `StepError`, never PyO3's `RuntimeError` or a panic.
 // Arguments are converted before the borrow: Python code they run (an
 // `__index__`) never sees the cache mid-call.
@@ -106,30 +96,30 @@ impl PySequenceCache {
     #[getter]
     fn config(slf: &Bound<'_, Self>) -> PyResult<PyCacheConfig> {
         Ok(PyCacheConfig {
-            inner: ro(slf, "config")?.inner.seq().config().clone(),
+            inner: borrow(slf, "config")?.inner.seq().config().clone(),
         })
     }
     #[getter]
     fn length(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "length")?.inner.seq().length())
+        Ok(borrow(slf, "length")?.inner.seq().length())
     }
     #[getter]
     fn capacity(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "capacity")?.inner.seq().capacity())
+        Ok(borrow(slf, "capacity")?.inner.seq().capacity())
     }
     /// Highest length reached since the last clear.
     #[getter]
     fn high_water(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "high_water")?.inner.seq().high_water())
+        Ok(borrow(slf, "high_water")?.inner.seq().high_water())
     }
     /// The lowest length `rewind` accepts now.
     #[getter]
     fn min_rewind(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "min_rewind")?.inner.seq().min_rewind())
+        Ok(borrow(slf, "min_rewind")?.inner.seq().min_rewind())
     }
     #[getter]
     fn step_open(slf: &Bound<'_, Self>) -> PyResult<bool> {
-        Ok(ro(slf, "step_open")?.inner.seq().step_open())
+        Ok(borrow(slf, "step_open")?.inner.seq().step_open())
     }
     #[pyo3(signature = (n=None))]
     fn can_extend(slf: &Bound<'_, Self>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
@@ -137,33 +127,33 @@ impl PySequenceCache {
             Some(n) => index(n, "n")?,
             None => 1,
         };
-        Ok(ro(slf, "can_extend")?.inner.seq().can_extend(n))
+        Ok(borrow(slf, "can_extend")?.inner.seq().can_extend(n))
     }
     /// Admission and commit: returns the step's first position.
     fn begin_step(slf: &Bound<'_, Self>, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
         let n = index(n_tokens, "n_tokens")?;
-        rw(slf, "begin_step")?.inner.begin_step(n).py_err()
+        borrow_mut(slf, "begin_step")?.inner.begin_step(n).py_err()
     }
     fn rewind(slf: &Bound<'_, Self>, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = index(new_len, "new_len")?;
-        rw(slf, "rewind")?.inner.rewind(n).py_err()
+        borrow_mut(slf, "rewind")?.inner.rewind(n).py_err()
     }
     fn clear(slf: &Bound<'_, Self>) -> PyResult<()> {
-        rw(slf, "clear")?.inner.clear();
+        borrow_mut(slf, "clear")?.inner.clear();
         Ok(())
     }
     /// The open step's plan for `layer`.
     fn plan(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
         let layer = index(layer, "layer")?;
         Ok(PySeqStepPlan(
-            ro(slf, "plan")?.inner.seq().plan(layer).py_err()?,
+            borrow(slf, "plan")?.inner.seq().plan(layer).py_err()?,
         ))
     }
     /// Positions `(lo, hi)` whose rows `layer` holds now: `[lo, hi)`, with or
     /// without an open step (a ring loses its oldest positions as it wraps).
     fn held_range(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
         let layer = index(layer, "layer")?;
-        let r = ro(slf, "held_range")?
+        let r = borrow(slf, "held_range")?
             .inner
             .seq()
             .held_range(layer)
@@ -181,7 +171,7 @@ impl PySequenceCache {
         let layer = index(layer, "layer")?;
         let lo = index(lo, "lo")?;
         let hi = index(hi, "hi")?;
-        let runs = ro(slf, "held_runs")?
+        let runs = borrow(slf, "held_runs")?
             .inner
             .seq()
             .held_runs(layer, lo, hi)
@@ -206,27 +196,36 @@ impl PySequenceCache {
         )
     }
     fn __len__(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(ro(slf, "len")?.inner.seq().length())
+        Ok(borrow(slf, "len")?.inner.seq().length())
+    }
+}
+
+impl SpecOwner for Py<PySequenceCache> {
+    fn generation(&self, py: Python<'_>) -> Option<u64> {
+        let c = self.bind(py).try_borrow().ok()?;
+        Some(c.inner.seq().generation())
+    }
+    /// A sequence step's mask is analytic (`mask_kind`, `window`).
+    fn dense_mask(&self, _: Python<'_>, _: u64, _: usize) -> PyResult<Option<Py<PyAny>>> {
+        Ok(None)
+    }
+    fn with_core_spec(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+        what: &str,
+        f: &mut dyn FnMut(&AttendSpec<'_>) -> PyResult<()>,
+    ) -> PyResult<bool> {
+        borrow(self.bind(py), what)?
+            .inner
+            .with_core_spec(generation, layer, f)
     }
 }
 
 /// A SequenceCache plus per-layer K/V pools.
 #[pyclass(module = "offgraph_kv", name = "KvSequenceCache", extends = PySequenceCache)]
 pub struct PyKvSequenceCache;
-
-fn kv_mut(base: &mut PySequenceCache) -> PyResult<&mut KvSequenceCache> {
-    match &mut base.inner {
-        SeqInner::Kv(c) => Ok(c),
-        SeqInner::Plain(_) => Err(crate::errors::make("StepError", "not a KvSequenceCache")),
-    }
-}
-
-pub fn kv_ref(base: &PySequenceCache) -> PyResult<&KvSequenceCache> {
-    match &base.inner {
-        SeqInner::Kv(c) => Ok(c),
-        SeqInner::Plain(_) => Err(crate::errors::make("StepError", "not a KvSequenceCache")),
-    }
-}
 
 #[pymethods]
 impl PyKvSequenceCache {
@@ -252,48 +251,35 @@ impl PyKvSequenceCache {
         v: &Bound<'_, PyAny>,
         bits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyAttendSpec> {
-        let layer = index(layer, "layer")?;
-        let bits = match bits.filter(|b| !b.is_none()) {
-            Some(b) => Some(crate::args::text(b, "bits")?),
-            None => None,
-        };
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let mut this = rw(slf.as_super(), "update")?;
-        let cache = kv_mut(&mut this)?;
-        let plan = cache.plan(layer).py_err()?;
-        let l = *cache.config().layer(layer).py_err()?;
-        let (kb, vb) = crate::args::kv_rows(k, v, &l, plan.n_tokens, bits.as_deref())?;
-        cache
-            .update_rows(layer, kb.as_rows(), vb.as_rows())
-            .py_err()?;
+        let (layer, bits) = update_args(layer, bits)?;
+        let owner = Box::new(slf.as_super().clone().unbind());
+        let mut this = borrow_mut(slf.as_super(), "update")?;
+        let cache = this.inner.kv_mut(KV_KIND)?;
+        write_step(cache, layer, k, v, bits.as_deref())?;
         PyAttendSpec::from_seq(owner, cache, layer)
     }
 
     /// The open step's spec for `layer`, without writing.
     fn spec(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
         let layer = index(layer, "layer")?;
-        let owner: Py<PyAny> = slf.clone().into_any().unbind();
-        let this = ro(slf.as_super(), "spec")?;
-        PyAttendSpec::from_seq(owner, kv_ref(&this)?, layer)
+        let owner = Box::new(slf.as_super().clone().unbind());
+        let this = borrow(slf.as_super(), "spec")?;
+        PyAttendSpec::from_seq(owner, this.inner.kv(KV_KIND)?, layer)
     }
 
     /// Bytes the pools hold: of one layer, or of all when `layer` is None.
     #[pyo3(signature = (layer=None))]
     fn nbytes(slf: &Bound<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let layer = crate::args::opt_index(layer, "layer")?;
-        let this = ro(slf.as_super(), "nbytes")?;
-        let cache = kv_ref(&this)?;
-        match layer {
-            Some(l) => cache.nbytes(l).py_err(),
-            None => Ok(cache.nbytes_total()),
-        }
+        let this = borrow(slf.as_super(), "nbytes")?;
+        this.inner.kv(KV_KIND)?.pool_bytes(layer).py_err()
     }
 
     /// Slots the pool of `layer` has now (it doubles up to its depth).
     fn pool_slots(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
         let layer = index(layer, "layer")?;
-        let this = ro(slf.as_super(), "pool_slots")?;
-        Ok(kv_ref(&this)?.pool(layer).py_err()?.slots())
+        let this = borrow(slf.as_super(), "pool_slots")?;
+        this.inner.kv(KV_KIND)?.slots(layer).py_err()
     }
 
     /// A snapshot (bytes) of positions `[0, upto)` (`upto=None`: the length)
@@ -310,8 +296,8 @@ impl PyKvSequenceCache {
     ) -> PyResult<Py<pyo3::types::PyBytes>> {
         let upto = crate::args::opt_index(upto, "upto")?;
         let start = crate::args::opt_index(start, "start")?;
-        let this = ro(slf.as_super(), "save_state")?;
-        let cache = kv_ref(&this)?;
+        let this = borrow(slf.as_super(), "save_state")?;
+        let cache = this.inner.kv(KV_KIND)?;
         let data = match start {
             None => cache.save_state(upto).py_err()?,
             Some(s) => cache
@@ -327,8 +313,8 @@ impl PyKvSequenceCache {
     fn load_state(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let chain = crate::snapshot::chain(data)?;
         let refs: Vec<&[u8]> = chain.iter().map(|b| &b[..]).collect();
-        let mut this = rw(slf.as_super(), "load_state")?;
-        kv_mut(&mut this)?.load_states(&refs).py_err()
+        let mut this = borrow_mut(slf.as_super(), "load_state")?;
+        this.inner.kv_mut(KV_KIND)?.load_states(&refs).py_err()
     }
 }
 
@@ -339,39 +325,17 @@ pub struct SequenceControl {
     cache: Py<PySequenceCache>,
 }
 
-#[pymethods]
-impl SequenceControl {
+face! {
+    SequenceControl => PySequenceCache, repr "SequenceControl";
     #[getter]
-    fn length(&self, py: Python<'_>) -> PyResult<usize> {
-        PySequenceCache::length(self.cache.bind(py))
-    }
+    fn length() -> PyResult<usize>;
     #[getter]
-    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
-        PySequenceCache::capacity(self.cache.bind(py))
-    }
-    #[getter]
-    fn cache(&self, py: Python<'_>) -> Py<PySequenceCache> {
-        self.cache.clone_ref(py)
-    }
+    fn capacity() -> PyResult<usize>;
     #[pyo3(signature = (n=None))]
-    fn can_extend(&self, py: Python<'_>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        PySequenceCache::can_extend(self.cache.bind(py), n)
-    }
-    fn begin_step(&self, py: Python<'_>, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
-        PySequenceCache::begin_step(self.cache.bind(py), n_tokens)
-    }
-    fn rewind(&self, py: Python<'_>, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
-        PySequenceCache::rewind(self.cache.bind(py), new_len)
-    }
-    fn clear(&self, py: Python<'_>) -> PyResult<()> {
-        PySequenceCache::clear(self.cache.bind(py))
-    }
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "SequenceControl({})",
-            PySequenceCache::__repr__(self.cache.bind(py))
-        )
-    }
+    fn can_extend(n: Option<&Bound<'_, PyAny>>) -> PyResult<bool>;
+    fn begin_step(n_tokens: &Bound<'_, PyAny>) -> PyResult<usize>;
+    fn rewind(new_len: &Bound<'_, PyAny>) -> PyResult<()>;
+    fn clear() -> PyResult<()>;
 }
 
 /// The backend's face of a sequence cache. It keeps its cache alive.
@@ -380,21 +344,9 @@ pub struct SequencePlanner {
     cache: Py<PySequenceCache>,
 }
 
-#[pymethods]
-impl SequencePlanner {
-    fn plan(&self, py: Python<'_>, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
-        PySequenceCache::plan(self.cache.bind(py), layer)
-    }
-    #[getter]
-    fn cache(&self, py: Python<'_>) -> Py<PySequenceCache> {
-        self.cache.clone_ref(py)
-    }
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "SequencePlanner({})",
-            PySequenceCache::__repr__(self.cache.bind(py))
-        )
-    }
+face! {
+    SequencePlanner => PySequenceCache, repr "SequencePlanner";
+    fn plan(layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan>;
 }
 
 /// Where one step's rows go and what its queries read, for one layer.

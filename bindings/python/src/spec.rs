@@ -12,7 +12,7 @@ use std::sync::Arc;
 use numpy::ndarray::ArrayView3;
 use numpy::PyArray3;
 use offgraph_kv::kv::Buffer;
-use offgraph_kv::{KeyLayout, KvCellCache, KvDtype, KvSequenceCache};
+use offgraph_kv::{AttendSpec, KeyLayout, KvCellCache, KvDtype, KvSequenceCache};
 use pyo3::prelude::*;
 
 use crate::errors::IntoPy;
@@ -44,14 +44,11 @@ pub fn view<'py>(
     let (h, s, d) = shape;
     let row = dtype.row_bytes(d);
     if h * s * row != buf.len() {
-        return Err(crate::errors::make(
-            "StepError",
-            format!(
-                "view: shape {shape:?} of {} does not match the buffer ({} bytes)",
-                dtype.name(),
-                buf.len()
-            ),
-        ));
+        return Err(crate::errors::ErrorClass::Step.err(format!(
+            "view: shape {shape:?} of {} does not match the buffer ({} bytes)",
+            dtype.name(),
+            buf.len()
+        )));
     }
     let owner = Bound::new(py, PoolBuffer { buf: buf.clone() })?;
     // SAFETY: ptr is valid for h*s*row bytes (checked above) for as long as
@@ -74,11 +71,38 @@ pub fn view<'py>(
     }
 }
 
+/// The cache a spec was made for, as the spec and `attend` need it. Each cache
+/// module implements it for its Python class, so this module names neither and
+/// the bindings' module dependencies point one way.
+pub trait SpecOwner: Send + Sync {
+    /// The cache's step generation now (None while it is mutably borrowed).
+    fn generation(&self, py: Python<'_>) -> Option<u64>;
+    /// The dense bool mask of `layer` for step `generation`; None for a cache
+    /// whose mask is analytic.
+    fn dense_mask(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+    ) -> PyResult<Option<Py<PyAny>>>;
+    /// Runs `f` on the core spec of `layer` with the cache borrowed (a busy
+    /// cache is refused with `what`); `Ok(false)`, without running `f`, when
+    /// step `generation` has closed or the cache has no pools.
+    fn with_core_spec(
+        &self,
+        py: Python<'_>,
+        generation: u64,
+        layer: usize,
+        what: &str,
+        f: &mut dyn FnMut(&AttendSpec<'_>) -> PyResult<()>,
+    ) -> PyResult<bool>;
+}
+
 /// What one layer's step may read, with views of the pools.
 #[pyclass(module = "offgraph_kv", name = "AttendSpec", frozen)]
 pub struct PyAttendSpec {
     /// The cache that made it: attention checks the step is still open.
-    pub owner: Py<PyAny>,
+    pub owner: Box<dyn SpecOwner>,
     pub generation: u64,
     pub layer: usize,
     pub n_kv_heads: usize,
@@ -93,12 +117,14 @@ pub struct PyAttendSpec {
     pub v_buf: Arc<Buffer>,
     pub k_dtype: KvDtype,
     pub v_dtype: KvDtype,
-    /// Cell steps: the read extent (cells `[0, read_len)`); their mask is explicit.
-    pub cell: Option<usize>,
 }
 
 impl PyAttendSpec {
-    pub fn from_seq(owner: Py<PyAny>, cache: &KvSequenceCache, layer: usize) -> PyResult<Self> {
+    pub fn from_seq(
+        owner: Box<dyn SpecOwner>,
+        cache: &KvSequenceCache,
+        layer: usize,
+    ) -> PyResult<Self> {
         let spec = cache.spec(layer).py_err()?;
         let pool = cache.pool(layer).py_err()?;
         let plan = cache.plan(layer).py_err()?;
@@ -130,11 +156,14 @@ impl PyAttendSpec {
             v_buf,
             k_dtype: spec.k.dtype,
             v_dtype: spec.v.dtype,
-            cell: None,
         })
     }
 
-    pub fn from_cells(owner: Py<PyAny>, cache: &KvCellCache, layer: usize) -> PyResult<Self> {
+    pub fn from_cells(
+        owner: Box<dyn SpecOwner>,
+        cache: &KvCellCache,
+        layer: usize,
+    ) -> PyResult<Self> {
         let spec = cache.spec(layer).py_err()?;
         let plan = cache.plan(layer).py_err()?;
         let (k_buf, v_buf) = cache.pool(layer).py_err()?.buffers();
@@ -154,7 +183,6 @@ impl PyAttendSpec {
             v_buf,
             k_dtype: spec.k.dtype,
             v_dtype: spec.v.dtype,
-            cell: Some(plan.read_len()),
         })
     }
 }
@@ -236,22 +264,12 @@ impl PyAttendSpec {
     /// analytic: see `mask_kind` and `window`).
     #[getter]
     fn mask(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        if self.cell.is_none() {
-            return Ok(None);
-        }
-        let owner = self
-            .owner
-            .bind(py)
-            .cast::<crate::cell::PyCellCache>()?
-            .clone()
-            .unbind();
-        let m = crate::cell::dense_mask_py(py, &owner, self.generation, self.layer)?;
-        Ok(Some(m.into_any().unbind()))
+        self.owner.dense_mask(py, self.generation, self.layer)
     }
     /// Whether the step this spec was made for is still open.
     #[getter]
     fn is_current(&self, py: Python<'_>) -> bool {
-        crate::attention::current_generation(py, &self.owner) == Some(self.generation)
+        self.owner.generation(py) == Some(self.generation)
     }
     fn __repr__(&self) -> String {
         format!(
