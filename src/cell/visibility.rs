@@ -42,8 +42,11 @@ impl PartialEq for Views {
 impl CellCache {
     fn views_mut(&mut self, layer: usize) -> Result<&mut Views> {
         let pi = self.policy_index(layer)?;
-        let err = self.layer_error(layer);
-        self.views.get_mut(pi).ok_or(err)
+        // The error only on the error path: this runs every step, allocation-free.
+        let table = &self.table;
+        self.views
+            .get_mut(pi)
+            .ok_or_else(|| table.layer_error(layer))
     }
 
     /// Builds the open step's visible runs of `layer`'s policy, once per step
