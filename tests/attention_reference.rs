@@ -8,6 +8,9 @@
     clippy::panic
 )]
 
+mod common;
+
+use common::visible_rows;
 use offgraph_kv::attention::{attend, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
 
@@ -50,33 +53,6 @@ fn variants() -> Vec<(Backend, NativeIsa)> {
     }
     v.push((Backend::Auto, NativeIsa::Auto));
     v
-}
-
-/// The slot rows token `i` sees, in order.
-fn visible_rows(spec: &AttendSpec<'_>, i: usize) -> Vec<usize> {
-    match spec.keys {
-        KeyLayout::Runs {
-            read,
-            read_base_pos,
-            mask,
-        } => {
-            let mut rows = Vec::new();
-            let mut r = 0;
-            for run in read.as_slice() {
-                for s in run.start..run.end() {
-                    if mask.visible(spec.positions[i], read_base_pos + r) {
-                        rows.push(s);
-                    }
-                    r += 1;
-                }
-            }
-            rows
-        }
-        KeyLayout::Cells { offsets, runs, .. } => runs[offsets[i]..offsets[i + 1]]
-            .iter()
-            .flat_map(|r| r.start..r.end())
-            .collect(),
-    }
 }
 
 /// Row `r` of a pool as f32, decoded from the formats' definitions (not the crate's decoder).

@@ -13,11 +13,11 @@
 
 mod common;
 
-use common::Rng;
+use common::{visible_rows, Rng};
 use offgraph_kv::attention::{attend, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::kv::Side;
 use offgraph_kv::{
-    AttendSpec, CacheConfig, CacheError, KeyLayout, KvCellCache, KvDtype, KvRows, KvSequenceCache,
+    AttendSpec, CacheConfig, CacheError, KvCellCache, KvDtype, KvRows, KvSequenceCache,
     LayerConfig, LayerPolicy, RowsIn,
 };
 
@@ -150,35 +150,9 @@ fn reference(
     out
 }
 
-fn visible(spec: &AttendSpec<'_>, i: usize) -> Vec<usize> {
-    match spec.keys {
-        KeyLayout::Runs {
-            read,
-            read_base_pos,
-            mask,
-        } => {
-            let mut rows = Vec::new();
-            let mut r = 0;
-            for run in read.as_slice() {
-                for s in run.start..run.end() {
-                    if mask.visible(spec.positions[i], read_base_pos + r) {
-                        rows.push(s);
-                    }
-                    r += 1;
-                }
-            }
-            rows
-        }
-        KeyLayout::Cells { offsets, runs, .. } => runs[offsets[i]..offsets[i + 1]]
-            .iter()
-            .flat_map(|r| r.start..r.end())
-            .collect(),
-    }
-}
-
 fn check(name: &str, q: &[f32], nq: usize, spec: &AttendSpec<'_>) {
     let hd = spec.head_dim;
-    let want = reference(q, nq, spec, &|i| visible(spec, i));
+    let want = reference(q, nq, spec, &|i| visible_rows(spec, i));
     let scale = want.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-30);
     let shape = [nq, spec.n_tokens(), hd];
     for isa in isas() {

@@ -1,4 +1,6 @@
-//! Shared helpers for the integration tests: a seeded PRNG (no extra deps).
+//! Shared helpers for the integration tests: a seeded PRNG (no extra deps), and
+//! the pool rows a query of an attention spec sees (what the float64
+//! references attend over).
 #![allow(dead_code)]
 
 /// splitmix64: small, fast, and good enough to drive random operation sequences.
@@ -30,5 +32,32 @@ impl Rng {
     /// Uniform in [-1, 1).
     pub fn f32(&mut self) -> f32 {
         ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// The slot rows token `i` sees, in order.
+pub fn visible_rows(spec: &offgraph_kv::AttendSpec<'_>, i: usize) -> Vec<usize> {
+    match spec.keys {
+        offgraph_kv::KeyLayout::Runs {
+            read,
+            read_base_pos,
+            mask,
+        } => {
+            let mut rows = Vec::new();
+            let mut r = 0;
+            for run in read.as_slice() {
+                for s in run.start..run.end() {
+                    if mask.visible(spec.positions[i], read_base_pos + r) {
+                        rows.push(s);
+                    }
+                    r += 1;
+                }
+            }
+            rows
+        }
+        offgraph_kv::KeyLayout::Cells { offsets, runs, .. } => runs[offsets[i]..offsets[i + 1]]
+            .iter()
+            .flat_map(|r| r.start..r.end())
+            .collect(),
     }
 }
