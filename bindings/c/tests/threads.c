@@ -2,6 +2,7 @@
  * refused with OKV_ERR_BUSY (never raced), a free racing a call is refused or
  * makes the late call BAD_HANDLE, and the registry takes calls from any thread. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,9 @@ typedef struct {
     okv_kv_seq_cache *kv;
     float *q, *out;
     atomic_int stop, calls, unexpected;
+    /* Yield between calls, so a racing free can find the handle idle even where
+     * threads are serialized (valgrind runs one thread at a time). */
+    int yield_between;
 } worker_state;
 
 /* Attends over and over until told to stop: most of its time is inside a call. */
@@ -26,6 +30,7 @@ static void *worker(void *arg) {
         if (s == OKV_ERR_BAD_HANDLE) break; /* freed under us: refused, not read */
         if (s != OKV_OK && s != OKV_ERR_BUSY) atomic_fetch_add(&w->unexpected, 1);
         atomic_fetch_add(&w->calls, 1);
+        if (w->yield_between) sched_yield();
     }
     return NULL;
 }
@@ -103,6 +108,7 @@ static void test_free_racing_a_call(void) {
     w.kv = filled_cache(&cfg);
     w.q = (float *)calloc(QH * T * HD, sizeof(float));
     w.out = (float *)calloc(QH * T * HD, sizeof(float));
+    w.yield_between = 1;
     pthread_t th;
     pthread_create(&th, NULL, worker, &w);
     while (atomic_load(&w.calls) == 0) {
