@@ -76,7 +76,9 @@ run "offgraph_kv.hpp compiles alone as C++17" bash -c "echo '#include \"offgraph
 
 # Definite leaks are errors. The live-handle set (a process-global hash map) shows as
 # "possibly lost" only because hashbrown points into the middle of its block: not shown.
-VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite)
+# --fair-sched=yes: valgrind runs one thread at a time, and its default lock lets a
+# spinning thread starve the others (the thread tests wait on each other).
+VG=(valgrind -q --fair-sched=yes --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite)
 
 # Build every program twice: plain (also run under valgrind) and with ASan + UBSan.
 SAN=(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)

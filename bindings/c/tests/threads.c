@@ -86,6 +86,7 @@ static void test_busy(void) {
         } else if (s != OKV_OK || got != before) {
             other++;
         }
+        sched_yield(); /* let the worker run where threads are serialized */
     }
     EXPECT(busy);
     EXPECT(other == 0);
@@ -111,14 +112,16 @@ static void test_free_racing_a_call(void) {
     w.yield_between = 1;
     pthread_t th;
     pthread_create(&th, NULL, worker, &w);
-    while (atomic_load(&w.calls) == 0) {
-    }
+    while (atomic_load(&w.calls) == 0) sched_yield();
     /* Free while the worker is (most likely) inside a call: refused as BUSY;
      * once it succeeds the worker's next call is BAD_HANDLE and it exits. */
     int busy = 0;
     okv_status s;
     double t0 = now();
-    while ((s = okv_kv_seq_cache_free(w.kv)) == OKV_ERR_BUSY && now() - t0 < 60.0) busy++;
+    while ((s = okv_kv_seq_cache_free(w.kv)) == OKV_ERR_BUSY && now() - t0 < 60.0) {
+        busy++;
+        sched_yield(); /* the worker must run to leave its call */
+    }
     EXPECT(s == OKV_OK);
     atomic_store(&w.stop, 1); /* only matters if the free never went through */
     pthread_join(th, NULL);
