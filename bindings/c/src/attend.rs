@@ -57,6 +57,27 @@ pub(crate) struct AttendArgs {
     pub(crate) opts: *const okv_attend_options,
 }
 
+impl AttendArgs {
+    /// The arguments in the order every `_attend` export takes them.
+    pub(crate) fn new(
+        q: *const f32,
+        q_len: usize,
+        n_q_heads: usize,
+        out: *mut f32,
+        out_len: usize,
+        opts: *const okv_attend_options,
+    ) -> Self {
+        AttendArgs {
+            q,
+            q_len,
+            n_q_heads,
+            out,
+            out_len,
+            opts,
+        }
+    }
+}
+
 /// Runs attention over `spec` (q, out: `[n_q_heads, n_tokens, head_dim]`).
 /// `out` must not overlap q or the pools; it is untouched on refusal.
 pub(crate) unsafe fn run(spec: &AttendSpec<'_>, a: &AttendArgs, what: &str) -> R<()> {

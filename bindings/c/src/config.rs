@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use offgraph_kv::{CacheConfig, LayerConfig, LayerPolicy};
 
-use crate::handle::{lock, opaque, publish, release};
+use crate::handle::{lock, opaque, publish, release, Opaque};
 use crate::ptr::{out, slice};
 use crate::status::{fail, finish, okv_status, R};
 
@@ -65,6 +65,20 @@ pub(crate) unsafe fn config_of(cfg: *const okv_config, what: &str) -> R<CacheCon
     let c = unsafe { lock(cfg, what) }?.clone();
     c.validate()?;
     Ok(c)
+}
+
+/// The body of a cache's `_new`: `make` builds the cache from a validated
+/// copy of `cfg`, published as a new handle in `*o` (written on success only).
+pub(crate) unsafe fn build<H: Opaque>(
+    cfg: *const okv_config,
+    o: *mut *mut H,
+    what: &str,
+    make: impl FnOnce(CacheConfig) -> offgraph_kv::Result<H::Inner>,
+) -> R<()> {
+    let o = out(o, "out_cache").map_err(|f| f.within(what))?;
+    let c = make(unsafe { config_of(cfg, what) }?)?;
+    publish::<H>(c, o);
+    Ok(())
 }
 
 /// A config of `capacity` positions and `n_layers` layers, with no layer

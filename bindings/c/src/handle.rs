@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, MutexGuard, RwLock, TryLockError};
 
-use crate::ptr::Out;
+use crate::ptr::{out, Out};
 use crate::status::{fail, okv_status, R};
 
 /// The type of a handle, as the registry reports it.
@@ -92,6 +92,30 @@ pub(crate) fn publish<H: Opaque>(inner: H::Inner, out: Out<*mut H>) {
         .unwrap_or_else(|e| e.into_inner())
         .insert(p as usize, H::KIND);
     out.set(p);
+}
+
+/// Locks `h`, computes a value from what it holds and writes it to `o`
+/// (checked before the lock; written on success only).
+pub(crate) unsafe fn query<H: Opaque, T>(
+    h: *const H,
+    o: *mut T,
+    what: &str,
+    f: impl FnOnce(&H::Inner) -> R<T>,
+) -> R<()> {
+    let o = out(o, what)?;
+    let c = unsafe { lock(h, what) }?;
+    o.set(f(&c)?);
+    Ok(())
+}
+
+/// Locks `h` and runs `f` on what it holds.
+pub(crate) unsafe fn mutate<H: Opaque, T>(
+    h: *const H,
+    what: &str,
+    f: impl FnOnce(&mut H::Inner) -> R<T>,
+) -> R<T> {
+    let mut c = unsafe { lock(h, what) }?;
+    f(&mut c)
 }
 
 fn bad(what: &str, name: &str) -> crate::status::Fail {

@@ -4,17 +4,16 @@
 //! Thread-safety: a handle may move between threads, but calls on one handle
 //! must not overlap (a second concurrent call gets `OKV_ERR_BUSY`).
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
-use offgraph_kv::kv::Pool;
 use offgraph_kv::{KvSequenceCache, MaskKind, Runs, SeqStepPlan, SequenceCache};
 
-use crate::attend::{self, okv_attend_options, AttendArgs};
-use crate::config::{config_of, okv_config};
-use crate::handle::{lock, opaque, publish, release, Opaque};
-use crate::ptr::{out, overlaps, slice, span, span_of};
-use crate::status::{fail, finish, okv_status, R};
+use crate::attend::{okv_attend_options, AttendArgs};
+use crate::config::{build, okv_config};
+use crate::handle::{mutate, opaque, query, release, Opaque};
+use crate::pools::{self, okv_pool_view};
+use crate::ptr::out;
+use crate::status::{guard, okv_status, R};
 
 /// A run of slots (or cells): `[start, start + len)`.
 #[repr(C)]
@@ -86,50 +85,6 @@ fn plan_to_c(p: &SeqStepPlan) -> okv_seq_plan {
     }
 }
 
-/// One layer's K and V pools, `[n_kv_heads, slots, head_dim]` float32
-/// row-major. Valid until the next mutating call on the cache (`_update` may
-/// grow the pools into new memory; `_free` releases them).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct okv_pool_view {
-    pub k: *const f32,
-    pub v: *const f32,
-    pub n_kv_heads: usize,
-    /// The row stride, in rows.
-    pub slots: usize,
-    pub head_dim: usize,
-}
-
-pub(crate) fn pool_to_c(p: &Pool) -> okv_pool_view {
-    okv_pool_view {
-        // Configs built through C are float32 (pool dtypes are not exposed to
-        // C yet), so the rows are f32 and 64-byte aligned.
-        k: p.k().bytes.as_ptr().cast::<f32>(),
-        v: p.v().bytes.as_ptr().cast::<f32>(),
-        n_kv_heads: p.n_heads(),
-        slots: p.slots(),
-        head_dim: p.head_dim(),
-    }
-}
-
-/// Refuses K/V rows that overlap the layer's pools (they would be read while written).
-pub(crate) fn check_rows_apart(
-    pool: &Pool,
-    k: (usize, usize),
-    v: (usize, usize),
-    what: &str,
-) -> R<()> {
-    for input in [k, v] {
-        if overlaps(input, span_of(pool.k().bytes)) || overlaps(input, span_of(pool.v().bytes)) {
-            return Err(fail(
-                okv_status::OKV_ERR_INVALID_ARGUMENT,
-                format!("{what}: k or v overlaps the cache's own pools; copy the rows first"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Bookkeeping for one sequence (opaque).
 pub struct okv_seq_cache {
     magic: u64,
@@ -192,26 +147,11 @@ impl SeqFace for KvSequenceCache {
     }
 }
 
-unsafe fn get_usize<H: Opaque>(
-    h: *const H,
-    o: *mut usize,
-    what: &str,
-    f: impl FnOnce(&H::Inner) -> usize,
-) -> R<()> {
-    let o = out(o, what)?;
-    let c = unsafe { lock(h, what) }?;
-    o.set(f(&c));
-    Ok(())
-}
-
 unsafe fn can_extend<H: Opaque>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()>
 where
     H::Inner: SeqFace,
 {
-    let o = out(o, what)?;
-    let c = unsafe { lock(h, what) }?;
-    o.set(c.seq().can_extend(n));
-    Ok(())
+    unsafe { query(h, o, what, |c| Ok(c.seq().can_extend(n))) }
 }
 
 unsafe fn begin_step<H: Opaque>(h: *const H, n: usize, o: *mut usize, what: &str) -> R<()>
@@ -219,8 +159,7 @@ where
     H::Inner: SeqFace,
 {
     let o = out(o, what)?;
-    let mut c = unsafe { lock(h, what) }?;
-    o.set(c.begin_step(n)?);
+    o.set(unsafe { mutate(h, what, |c| Ok(c.begin_step(n)?)) }?);
     Ok(())
 }
 
@@ -228,26 +167,26 @@ unsafe fn rewind<H: Opaque>(h: *const H, n: usize, what: &str) -> R<()>
 where
     H::Inner: SeqFace,
 {
-    unsafe { lock(h, what) }?.rewind(n)?;
-    Ok(())
+    unsafe { mutate(h, what, |c| Ok(c.rewind(n)?)) }
 }
 
 unsafe fn clear<H: Opaque>(h: *const H, what: &str) -> R<()>
 where
     H::Inner: SeqFace,
 {
-    unsafe { lock(h, what) }?.clear();
-    Ok(())
+    unsafe {
+        mutate(h, what, |c| {
+            c.clear();
+            Ok(())
+        })
+    }
 }
 
 unsafe fn plan<H: Opaque>(h: *const H, layer: usize, o: *mut okv_seq_plan, what: &str) -> R<()>
 where
     H::Inner: SeqFace,
 {
-    let o = out(o, what)?;
-    let c = unsafe { lock(h, what) }?;
-    o.set(plan_to_c(&c.seq().plan(layer)?));
-    Ok(())
+    unsafe { query(h, o, what, |c| Ok(plan_to_c(&c.seq().plan(layer)?))) }
 }
 
 // ---------------------------------------------------------------------------
@@ -259,20 +198,13 @@ pub unsafe extern "C" fn okv_seq_cache_new(
     cfg: *const okv_config,
     out_cache: *mut *mut okv_seq_cache,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
-        let o = out(out_cache, "okv_seq_cache_new: out_cache")?;
-        let c = SequenceCache::new(unsafe { config_of(cfg, "okv_seq_cache_new") }?)?;
-        publish::<okv_seq_cache>(c, o);
-        Ok(())
-    })))
+    guard(|| unsafe { build(cfg, out_cache, "okv_seq_cache_new", SequenceCache::new) })
 }
 
 /// Frees the cache. NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_free(cache: *mut okv_seq_cache) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        release(cache, "okv_seq_cache_free")
-    })))
+    guard(|| unsafe { release(cache, "okv_seq_cache_free") })
 }
 
 /// Tokens committed so far.
@@ -281,9 +213,7 @@ pub unsafe extern "C" fn okv_seq_cache_length(
     cache: *const okv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        get_usize(cache, out_len, "okv_seq_cache_length", |c| c.length())
-    })))
+    guard(|| unsafe { query(cache, out_len, "okv_seq_cache_length", |c| Ok(c.length())) })
 }
 
 /// Most tokens the sequence may hold.
@@ -292,9 +222,11 @@ pub unsafe extern "C" fn okv_seq_cache_capacity(
     cache: *const okv_seq_cache,
     out_cap: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        get_usize(cache, out_cap, "okv_seq_cache_capacity", |c| c.capacity())
-    })))
+    guard(|| unsafe {
+        query(cache, out_cap, "okv_seq_cache_capacity", |c| {
+            Ok(c.capacity())
+        })
+    })
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
@@ -303,11 +235,11 @@ pub unsafe extern "C" fn okv_seq_cache_min_rewind(
     cache: *const okv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        get_usize(cache, out_len, "okv_seq_cache_min_rewind", |c| {
-            c.min_rewind()
+    guard(|| unsafe {
+        query(cache, out_len, "okv_seq_cache_min_rewind", |c| {
+            Ok(c.min_rewind())
         })
-    })))
+    })
 }
 
 /// Whether `n` more tokens fit.
@@ -317,9 +249,7 @@ pub unsafe extern "C" fn okv_seq_cache_can_extend(
     n: usize,
     out_ok: *mut bool,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        can_extend(cache, n, out_ok, "okv_seq_cache_can_extend")
-    })))
+    guard(|| unsafe { can_extend(cache, n, out_ok, "okv_seq_cache_can_extend") })
 }
 
 /// The admission gate: checks 1 <= n_tokens <= max_step and room, commits
@@ -331,9 +261,7 @@ pub unsafe extern "C" fn okv_seq_cache_begin_step(
     n_tokens: usize,
     out_position: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        begin_step(cache, n_tokens, out_position, "okv_seq_cache_begin_step")
-    })))
+    guard(|| unsafe { begin_step(cache, n_tokens, out_position, "okv_seq_cache_begin_step") })
 }
 
 /// Drops the tokens from `new_len` on and closes the step. Refused above the
@@ -343,17 +271,13 @@ pub unsafe extern "C" fn okv_seq_cache_rewind(
     cache: *mut okv_seq_cache,
     new_len: usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        rewind(cache, new_len, "okv_seq_cache_rewind")
-    })))
+    guard(|| unsafe { rewind(cache, new_len, "okv_seq_cache_rewind") })
 }
 
 /// Forgets everything and closes the step.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_clear(cache: *mut okv_seq_cache) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        clear(cache, "okv_seq_cache_clear")
-    })))
+    guard(|| unsafe { clear(cache, "okv_seq_cache_clear") })
 }
 
 /// The open step's plan for `layer` (`OKV_ERR_STEP_PROTOCOL` with no open step).
@@ -363,9 +287,7 @@ pub unsafe extern "C" fn okv_seq_cache_plan(
     layer: usize,
     out_plan: *mut okv_seq_plan,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        plan(cache, layer, out_plan, "okv_seq_cache_plan")
-    })))
+    guard(|| unsafe { plan(cache, layer, out_plan, "okv_seq_cache_plan") })
 }
 
 // ---------------------------------------------------------------------------
@@ -377,20 +299,13 @@ pub unsafe extern "C" fn okv_kv_seq_cache_new(
     cfg: *const okv_config,
     out_cache: *mut *mut okv_kv_seq_cache,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
-        let o = out(out_cache, "okv_kv_seq_cache_new: out_cache")?;
-        let c = KvSequenceCache::new(unsafe { config_of(cfg, "okv_kv_seq_cache_new") }?)?;
-        publish::<okv_kv_seq_cache>(c, o);
-        Ok(())
-    })))
+    guard(|| unsafe { build(cfg, out_cache, "okv_kv_seq_cache_new", KvSequenceCache::new) })
 }
 
 /// Frees the cache and its pools. NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_free(cache: *mut okv_kv_seq_cache) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        release(cache, "okv_kv_seq_cache_free")
-    })))
+    guard(|| unsafe { release(cache, "okv_kv_seq_cache_free") })
 }
 
 /// Tokens committed so far.
@@ -399,9 +314,14 @@ pub unsafe extern "C" fn okv_kv_seq_cache_length(
     cache: *const okv_kv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        get_usize(cache, out_len, "okv_kv_seq_cache_length", |c| c.length())
-    })))
+    guard(|| unsafe {
+        query(
+            cache,
+            out_len,
+            "okv_kv_seq_cache_length",
+            |c| Ok(c.length()),
+        )
+    })
 }
 
 /// Most tokens the sequence may hold.
@@ -410,11 +330,11 @@ pub unsafe extern "C" fn okv_kv_seq_cache_capacity(
     cache: *const okv_kv_seq_cache,
     out_cap: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        get_usize(cache, out_cap, "okv_kv_seq_cache_capacity", |c| {
-            c.capacity()
+    guard(|| unsafe {
+        query(cache, out_cap, "okv_kv_seq_cache_capacity", |c| {
+            Ok(c.capacity())
         })
-    })))
+    })
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
@@ -423,11 +343,11 @@ pub unsafe extern "C" fn okv_kv_seq_cache_min_rewind(
     cache: *const okv_kv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        get_usize(cache, out_len, "okv_kv_seq_cache_min_rewind", |c| {
-            c.sequence().min_rewind()
+    guard(|| unsafe {
+        query(cache, out_len, "okv_kv_seq_cache_min_rewind", |c| {
+            Ok(c.sequence().min_rewind())
         })
-    })))
+    })
 }
 
 /// Bytes all pools hold.
@@ -436,11 +356,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_nbytes(
     cache: *const okv_kv_seq_cache,
     out_bytes: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        get_usize(cache, out_bytes, "okv_kv_seq_cache_nbytes", |c| {
-            c.nbytes_total()
-        })
-    })))
+    guard(|| unsafe { pools::nbytes(cache, out_bytes, "okv_kv_seq_cache_nbytes") })
 }
 
 /// Whether `n` more tokens fit.
@@ -450,9 +366,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_can_extend(
     n: usize,
     out_ok: *mut bool,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        can_extend(cache, n, out_ok, "okv_kv_seq_cache_can_extend")
-    })))
+    guard(|| unsafe { can_extend(cache, n, out_ok, "okv_kv_seq_cache_can_extend") })
 }
 
 /// The admission gate (see `okv_seq_cache_begin_step`).
@@ -462,9 +376,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_begin_step(
     n_tokens: usize,
     out_position: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        begin_step(cache, n_tokens, out_position, "okv_kv_seq_cache_begin_step")
-    })))
+    guard(|| unsafe { begin_step(cache, n_tokens, out_position, "okv_kv_seq_cache_begin_step") })
 }
 
 /// Drops the tokens from `new_len` on and closes the step (see `okv_seq_cache_rewind`).
@@ -473,17 +385,13 @@ pub unsafe extern "C" fn okv_kv_seq_cache_rewind(
     cache: *mut okv_kv_seq_cache,
     new_len: usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        rewind(cache, new_len, "okv_kv_seq_cache_rewind")
-    })))
+    guard(|| unsafe { rewind(cache, new_len, "okv_kv_seq_cache_rewind") })
 }
 
 /// Forgets every token (pool memory is kept) and closes the step.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_clear(cache: *mut okv_kv_seq_cache) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        clear(cache, "okv_kv_seq_cache_clear")
-    })))
+    guard(|| unsafe { clear(cache, "okv_kv_seq_cache_clear") })
 }
 
 /// The open step's plan for `layer`.
@@ -493,9 +401,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_plan(
     layer: usize,
     out_plan: *mut okv_seq_plan,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        plan(cache, layer, out_plan, "okv_kv_seq_cache_plan")
-    })))
+    guard(|| unsafe { plan(cache, layer, out_plan, "okv_kv_seq_cache_plan") })
 }
 
 /// Writes the open step's rows of `layer`: `k` and `v` hold
@@ -510,17 +416,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_update(
     v: *const f32,
     v_len: usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
-        let what = "okv_kv_seq_cache_update";
-        let mut c = unsafe { lock(cache, what) }?;
-        if let Ok(pool) = c.pool(layer) {
-            check_rows_apart(pool, span(k, k_len), span(v, v_len), what)?;
-        }
-        let k = unsafe { slice(k, k_len, "okv_kv_seq_cache_update: k") }?;
-        let v = unsafe { slice(v, v_len, "okv_kv_seq_cache_update: v") }?;
-        c.update(layer, k, v)?;
-        Ok(())
-    })))
+    let what = "okv_kv_seq_cache_update";
+    guard(|| unsafe { pools::update(cache, layer, (k, k_len), (v, v_len), what) })
 }
 
 /// Attention of the open step at `layer` into `out`: `q` and `out` hold
@@ -538,20 +435,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_attend(
     out_len: usize,
     options: *const okv_attend_options,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
-        let what = "okv_kv_seq_cache_attend";
-        let c = unsafe { lock(cache, what) }?;
-        let spec = c.spec(layer)?;
-        let args = AttendArgs {
-            q,
-            q_len,
-            n_q_heads,
-            out,
-            out_len,
-            opts: options,
-        };
-        unsafe { attend::run(&spec, &args, what) }
-    })))
+    let args = AttendArgs::new(q, q_len, n_q_heads, out, out_len, options);
+    guard(|| unsafe { pools::attend(cache, layer, &args, "okv_kv_seq_cache_attend") })
 }
 
 /// Layer `layer`'s pools (see `okv_pool_view` for how long they stay valid).
@@ -561,11 +446,5 @@ pub unsafe extern "C" fn okv_kv_seq_cache_pool(
     layer: usize,
     out_view: *mut okv_pool_view,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
-        let what = "okv_kv_seq_cache_pool";
-        let o = out(out_view, what)?;
-        let c = unsafe { lock(cache, what) }?;
-        o.set(pool_to_c(c.pool(layer)?));
-        Ok(())
-    })))
+    guard(|| unsafe { pools::pool(cache, layer, out_view, "okv_kv_seq_cache_pool") })
 }

@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
-use std::panic::catch_unwind;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use offgraph_kv::CacheError;
 
@@ -62,6 +62,14 @@ pub(crate) fn fail(status: okv_status, message: impl Into<String>) -> Fail {
     }
 }
 
+impl Fail {
+    /// The same failure with `what` (the export's name) before its message;
+    /// it formats only on the error path, so a warm call allocates nothing.
+    pub(crate) fn within(self, what: &str) -> Fail {
+        fail(self.status, format!("{what}: {}", self.message))
+    }
+}
+
 impl From<CacheError> for Fail {
     fn from(e: CacheError) -> Self {
         let status = match &e {
@@ -101,6 +109,12 @@ fn record(f: Fail) -> okv_status {
         }
     });
     f.status
+}
+
+/// The panic boundary of an export: runs `f` under `catch_unwind` and turns
+/// its outcome into the status C sees.
+pub(crate) fn guard(f: impl FnOnce() -> R<()>) -> okv_status {
+    finish(catch_unwind(AssertUnwindSafe(f)))
 }
 
 /// Turns the outcome of an export's `catch_unwind` into its status.
