@@ -78,14 +78,12 @@ static okv_status build_cache(const dm_args *a, okv_kv_cell_cache **out) {
         layers[i].n_kv_heads = a->kv_heads;
         layers[i].head_dim = a->head_dim;
     }
-    size_t keep = a->window + max_step - 1;
-    size_t flat_need = a->prefix + a->seqs * a->decode;
-    size_t ring_need = (a->prefix < keep ? a->prefix : keep) + a->seqs * (a->decode < keep ? a->decode : keep) + a->seqs;
-    size_t n_cells = flat_need > ring_need ? flat_need : ring_need;
+    size_t n_cells = 0;
     if ((s = okv_config_new(capacity, a->layers, &cfg)) == OKV_OK &&
         (s = okv_config_set_layers(cfg, layers, a->layers)) == OKV_OK &&
         (s = okv_config_set_initial_capacity(cfg, capacity < 64 ? capacity : 64)) == OKV_OK &&
-        (s = okv_config_set_max_step(cfg, max_step)) == OKV_OK)
+        (s = okv_config_set_max_step(cfg, max_step)) == OKV_OK &&
+        (s = okv_cells_for_forks(cfg, a->prefix, a->seqs, a->decode, &n_cells)) == OKV_OK)
         s = okv_kv_cell_cache_new(cfg, n_cells, a->seqs, out);
     okv_config_free(cfg);
     free(layers);

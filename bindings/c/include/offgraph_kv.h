@@ -553,6 +553,17 @@ const char *okv_last_error(void);
 // The string is static.
 const char *okv_status_name(int32_t status);
 
+// Cells an `okv_cell_cache` (or `okv_kv_cell_cache`) of `cfg` needs for
+// `n_seqs` sequences forked from one `prefix`-token sequence, each then
+// growing by `new_tokens` positions one step at a time, with no cell ever
+// refused. `cfg` is validated first (`OKV_ERR_INVALID_CONFIG`); a workload
+// whose count does not fit in `size_t` is `OKV_ERR_INVALID_ARGUMENT`.
+okv_status okv_cells_for_forks(const okv_config *cfg,
+                               size_t prefix,
+                               size_t n_seqs,
+                               size_t new_tokens,
+                               size_t *out_n_cells);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

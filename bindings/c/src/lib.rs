@@ -40,6 +40,7 @@ mod ptr;
 mod registry;
 mod sequence;
 mod status;
+mod window;
 
 pub use attend::*;
 pub use cell::*;
@@ -49,3 +50,4 @@ pub use pools::okv_pool_view;
 pub use registry::*;
 pub use sequence::*;
 pub use status::*;
+pub use window::*;

@@ -460,6 +460,68 @@ static int32_t build_garbage(const okv_config *cfg, void *user_data, void **out)
     return 0;
 }
 
+/* The cell count a forked workload needs (the runners size their caches with it). */
+static void test_cells_for_forks(void) {
+    /* Ring layers, window 8, max_step 4: a sequence keeps at most 8 + 4 - 1 = 11
+     * positions, plus one cell of headroom: min(100, 11) + 3 * min(20, 11) + 3. */
+    okv_config *cfg = make_config(OKV_POLICY_RING, 8, 4);
+    size_t n = 0;
+    EXPECT_OK(okv_cells_for_forks(cfg, 100, 3, 20, &n));
+    EXPECT(n == 47);
+    size_t depth = 0, depth_after = 0;
+    EXPECT_OK(okv_config_depth(cfg, 0, &depth));
+
+    /* Each refusal leaves the out-parameter and the config as they were. */
+    long not_a_handle[8] = {0};
+    size_t kept = 777;
+    EXPECT_STATUS(okv_cells_for_forks(NULL, 100, 3, 20, &kept), OKV_ERR_NULL_POINTER);
+    EXPECT_STATUS(okv_cells_for_forks(cfg, 100, 3, 20, NULL), OKV_ERR_NULL_POINTER);
+    EXPECT_STATUS(okv_cells_for_forks((const okv_config *)(void *)not_a_handle, 100, 3, 20, &kept),
+                  OKV_ERR_BAD_HANDLE);
+    EXPECT_STATUS(okv_cells_for_forks(cfg, 100, SIZE_MAX, 2, &kept), OKV_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(okv_last_error(), "okv_cells_for_forks") != NULL);
+    EXPECT(kept == 777);
+    EXPECT_OK(okv_config_set_max_step(cfg, 0));
+    EXPECT_STATUS(okv_cells_for_forks(cfg, 100, 3, 20, &kept), OKV_ERR_INVALID_CONFIG);
+    EXPECT(kept == 777);
+    EXPECT_OK(okv_config_set_max_step(cfg, 4));
+    EXPECT_OK(okv_config_depth(cfg, 0, &depth_after));
+    EXPECT(depth_after == depth);
+    EXPECT_OK(okv_cells_for_forks(cfg, 100, 3, 20, &n));
+    EXPECT(n == 47);
+
+    /* A flat layer holds the prefix once plus every sequence's tokens: 100 + 3 * 20. */
+    okv_layer_config mixed[LAYERS] = {{OKV_POLICY_RING, 8, HEADS, HD}, {OKV_POLICY_FLAT, 0, HEADS, HD}};
+    EXPECT_OK(okv_config_set_layers(cfg, mixed, LAYERS));
+    EXPECT_OK(okv_cells_for_forks(cfg, 100, 3, 20, &n));
+    EXPECT(n == 160);
+
+    /* The count is enough: a cache of exactly that many cells takes the whole
+     * workload (a 10-token prefix in steps of 4, two forks, 6 steps of 3 tokens). */
+    EXPECT_OK(okv_config_set_layers(cfg, mixed, 1));
+    EXPECT_OK(okv_cells_for_forks(cfg, 10, 3, 6, &n));
+    EXPECT(n == 10 + 3 * 6 + 3);
+    okv_cell_cache *cc = NULL;
+    EXPECT_OK(okv_cell_cache_new(cfg, n, 4, &cc));
+    uint64_t ids[3] = {0, 0, 0};
+    size_t pos[4] = {0, 0, 0, 0};
+    EXPECT_OK(okv_cell_cache_seq_new(cc, &ids[0]));
+    for (size_t p = 0; p < 10; p += 4) {
+        size_t t = 10 - p < 4 ? 10 - p : 4;
+        uint64_t same[4] = {ids[0], ids[0], ids[0], ids[0]};
+        for (size_t i = 0; i < t; i++) pos[i] = p + i;
+        EXPECT_OK(okv_cell_cache_begin_step(cc, same, pos, t));
+    }
+    EXPECT_OK(okv_cell_cache_seq_clone(cc, ids[0], OKV_NONE, &ids[1]));
+    EXPECT_OK(okv_cell_cache_seq_clone(cc, ids[0], OKV_NONE, &ids[2]));
+    for (size_t step = 0; step < 6; step++) {
+        for (size_t i = 0; i < 3; i++) pos[i] = 10 + step;
+        EXPECT_OK(okv_cell_cache_begin_step(cc, ids, pos, 3));
+    }
+    EXPECT_OK(okv_cell_cache_free(cc));
+    EXPECT_OK(okv_config_free(cfg));
+}
+
 static void test_registry_builders(void) {
     int calls = 0;
     EXPECT_STATUS(okv_registry_register_builder("c-test", "kv", NULL, &calls), OKV_ERR_NULL_POINTER);
@@ -507,6 +569,7 @@ int main(void) {
     test_kv_sequence();
     test_cell_refusals();
     test_kv_cell();
+    test_cells_for_forks();
     test_registry_builders();
     return CHECK_SUMMARY("bad_input");
 }
