@@ -111,68 +111,92 @@ private:
     detail::Owned<okv_config, okv_config_free> h_;
 };
 
+// Cells a CellCache / KvCellCache of `cfg` needs for `n_seqs` sequences forked
+// from one `prefix`-token sequence, each then growing by `new_tokens` positions.
+inline std::size_t cells_for_forks(const Config &cfg, std::size_t prefix, std::size_t n_seqs,
+                                   std::size_t new_tokens) {
+    std::size_t n = 0;
+    check(okv_cells_for_forks(cfg.get(), prefix, n_seqs, new_tokens, &n));
+    return n;
+}
+
 namespace detail {
+// The C functions of one cache kind, named by its prefix (okv_seq_cache, ...):
+// the four kinds share their verbs' names, so each table is written once.
+#define OKV_DETAIL_FN(P, verb) static constexpr auto verb = &P##_##verb;
+#define OKV_DETAIL_COMMON_FNS(P)                 \
+    using handle = P;                            \
+    static constexpr auto make = &P##_new;       \
+    OKV_DETAIL_FN(P, free)                       \
+    OKV_DETAIL_FN(P, capacity)                   \
+    OKV_DETAIL_FN(P, can_extend)                 \
+    OKV_DETAIL_FN(P, clear)                      \
+    OKV_DETAIL_FN(P, begin_step)                 \
+    OKV_DETAIL_FN(P, plan)
+#define OKV_DETAIL_SEQ_FNS(P)                    \
+    OKV_DETAIL_COMMON_FNS(P)                     \
+    OKV_DETAIL_FN(P, length)                     \
+    OKV_DETAIL_FN(P, min_rewind)                 \
+    OKV_DETAIL_FN(P, rewind)
+#define OKV_DETAIL_CELL_FNS(P)                   \
+    OKV_DETAIL_COMMON_FNS(P)                     \
+    OKV_DETAIL_FN(P, seq_new)                    \
+    OKV_DETAIL_FN(P, seq_clone)                  \
+    OKV_DETAIL_FN(P, seq_rm)                     \
+    OKV_DETAIL_FN(P, seq_free)                   \
+    OKV_DETAIL_FN(P, next_pos)                   \
+    OKV_DETAIL_FN(P, seq_len)                    \
+    OKV_DETAIL_FN(P, free_cells)                 \
+    OKV_DETAIL_FN(P, visible)                    \
+    OKV_DETAIL_FN(P, dense_mask)
+#define OKV_DETAIL_POOL_FNS(P)                   \
+    OKV_DETAIL_FN(P, update)                     \
+    OKV_DETAIL_FN(P, attend)                     \
+    OKV_DETAIL_FN(P, pool)                       \
+    OKV_DETAIL_FN(P, nbytes)
 struct SeqFns {
-    using handle = okv_seq_cache;
-    static constexpr auto make = &okv_seq_cache_new;
-    static constexpr auto free = &okv_seq_cache_free;
-    static constexpr auto length = &okv_seq_cache_length;
-    static constexpr auto capacity = &okv_seq_cache_capacity;
-    static constexpr auto min_rewind = &okv_seq_cache_min_rewind;
-    static constexpr auto can_extend = &okv_seq_cache_can_extend;
-    static constexpr auto begin_step = &okv_seq_cache_begin_step;
-    static constexpr auto rewind = &okv_seq_cache_rewind;
-    static constexpr auto clear = &okv_seq_cache_clear;
-    static constexpr auto plan = &okv_seq_cache_plan;
+    OKV_DETAIL_SEQ_FNS(okv_seq_cache)
 };
 struct KvSeqFns {
-    using handle = okv_kv_seq_cache;
-    static constexpr auto make = &okv_kv_seq_cache_new;
-    static constexpr auto free = &okv_kv_seq_cache_free;
-    static constexpr auto length = &okv_kv_seq_cache_length;
-    static constexpr auto capacity = &okv_kv_seq_cache_capacity;
-    static constexpr auto min_rewind = &okv_kv_seq_cache_min_rewind;
-    static constexpr auto can_extend = &okv_kv_seq_cache_can_extend;
-    static constexpr auto begin_step = &okv_kv_seq_cache_begin_step;
-    static constexpr auto rewind = &okv_kv_seq_cache_rewind;
-    static constexpr auto clear = &okv_kv_seq_cache_clear;
-    static constexpr auto plan = &okv_kv_seq_cache_plan;
+    OKV_DETAIL_SEQ_FNS(okv_kv_seq_cache)
+    OKV_DETAIL_POOL_FNS(okv_kv_seq_cache)
 };
+struct CellFns {
+    OKV_DETAIL_CELL_FNS(okv_cell_cache)
+};
+struct KvCellFns {
+    OKV_DETAIL_CELL_FNS(okv_kv_cell_cache)
+    OKV_DETAIL_POOL_FNS(okv_kv_cell_cache)
+};
+#undef OKV_DETAIL_POOL_FNS
+#undef OKV_DETAIL_CELL_FNS
+#undef OKV_DETAIL_SEQ_FNS
+#undef OKV_DETAIL_COMMON_FNS
+#undef OKV_DETAIL_FN
 
-// The control and planner faces both sequence caches share.
+// The owned handle and the verbs every cache kind has.
 template <class F>
-class BasicSequenceCache {
+class BasicCache {
 public:
     using handle_type = typename F::handle;
-    explicit BasicSequenceCache(const Config &cfg) {
-        handle_type *h = nullptr;
-        check(F::make(cfg.get(), &h));
-        h_.reset(h);
-    }
-    std::size_t length() const { return get_size(F::length); }
+    using fns = F;
     std::size_t capacity() const { return get_size(F::capacity); }
-    std::size_t min_rewind() const { return get_size(F::min_rewind); }
     bool can_extend(std::size_t n = 1) const {
         bool ok = false;
         check(F::can_extend(h_.get(), n, &ok));
         return ok;
     }
-    // Admission: commits the step and returns its first position.
-    std::size_t begin_step(std::size_t n_tokens) {
-        std::size_t pos = 0;
-        check(F::begin_step(h_.get(), n_tokens, &pos));
-        return pos;
-    }
-    void rewind(std::size_t new_len) { check(F::rewind(h_.get(), new_len)); }
     void clear() { check(F::clear(h_.get())); }
-    okv_seq_plan plan(std::size_t layer) const {
-        okv_seq_plan p{};
-        check(F::plan(h_.get(), layer, &p));
-        return p;
-    }
     handle_type *get() const noexcept { return h_.get(); }
 
 protected:
+    // Takes a handle `make` has just published (throws, owning nothing, on failure).
+    template <class... Args>
+    explicit BasicCache(const Config &cfg, Args... args) {
+        handle_type *h = nullptr;
+        check(F::make(cfg.get(), args..., &h));
+        h_.reset(h);
+    }
     std::size_t get_size(okv_status (*fn)(const handle_type *, std::size_t *)) const {
         std::size_t n = 0;
         check(fn(h_.get(), &n));
@@ -181,98 +205,69 @@ protected:
     Owned<handle_type, F::free> h_;
 };
 
-struct CellFns {
-    using handle = okv_cell_cache;
-    static constexpr auto make = &okv_cell_cache_new;
-    static constexpr auto free = &okv_cell_cache_free;
-    static constexpr auto seq_new = &okv_cell_cache_seq_new;
-    static constexpr auto seq_clone = &okv_cell_cache_seq_clone;
-    static constexpr auto seq_rm = &okv_cell_cache_seq_rm;
-    static constexpr auto seq_free = &okv_cell_cache_seq_free;
-    static constexpr auto next_pos = &okv_cell_cache_next_pos;
-    static constexpr auto seq_len = &okv_cell_cache_seq_len;
-    static constexpr auto free_cells = &okv_cell_cache_free_cells;
-    static constexpr auto capacity = &okv_cell_cache_capacity;
-    static constexpr auto can_extend = &okv_cell_cache_can_extend;
-    static constexpr auto clear = &okv_cell_cache_clear;
-    static constexpr auto begin_step = &okv_cell_cache_begin_step;
-    static constexpr auto plan = &okv_cell_cache_plan;
-    static constexpr auto visible = &okv_cell_cache_visible;
-    static constexpr auto dense_mask = &okv_cell_cache_dense_mask;
-};
-struct KvCellFns {
-    using handle = okv_kv_cell_cache;
-    static constexpr auto make = &okv_kv_cell_cache_new;
-    static constexpr auto free = &okv_kv_cell_cache_free;
-    static constexpr auto seq_new = &okv_kv_cell_cache_seq_new;
-    static constexpr auto seq_clone = &okv_kv_cell_cache_seq_clone;
-    static constexpr auto seq_rm = &okv_kv_cell_cache_seq_rm;
-    static constexpr auto seq_free = &okv_kv_cell_cache_seq_free;
-    static constexpr auto next_pos = &okv_kv_cell_cache_next_pos;
-    static constexpr auto seq_len = &okv_kv_cell_cache_seq_len;
-    static constexpr auto free_cells = &okv_kv_cell_cache_free_cells;
-    static constexpr auto capacity = &okv_kv_cell_cache_capacity;
-    static constexpr auto can_extend = &okv_kv_cell_cache_can_extend;
-    static constexpr auto clear = &okv_kv_cell_cache_clear;
-    static constexpr auto begin_step = &okv_kv_cell_cache_begin_step;
-    static constexpr auto plan = &okv_kv_cell_cache_plan;
-    static constexpr auto visible = &okv_kv_cell_cache_visible;
-    static constexpr auto dense_mask = &okv_kv_cell_cache_dense_mask;
+// The control and planner faces both sequence caches share.
+template <class F>
+class BasicSequenceCache : public BasicCache<F> {
+public:
+    explicit BasicSequenceCache(const Config &cfg) : BasicCache<F>(cfg) {}
+    std::size_t length() const { return this->get_size(F::length); }
+    std::size_t min_rewind() const { return this->get_size(F::min_rewind); }
+    // Admission: commits the step and returns its first position.
+    std::size_t begin_step(std::size_t n_tokens) {
+        std::size_t pos = 0;
+        check(F::begin_step(this->h_.get(), n_tokens, &pos));
+        return pos;
+    }
+    void rewind(std::size_t new_len) { check(F::rewind(this->h_.get(), new_len)); }
+    okv_seq_plan plan(std::size_t layer) const {
+        okv_seq_plan p{};
+        check(F::plan(this->h_.get(), layer, &p));
+        return p;
+    }
 };
 
 // The batch, step and planner faces both cell caches share.
 template <class F>
-class BasicCellCache {
+class BasicCellCache : public BasicCache<F> {
 public:
-    using handle_type = typename F::handle;
-    BasicCellCache(const Config &cfg, std::size_t n_cells, std::size_t n_seq_max = 256) {
-        handle_type *h = nullptr;
-        check(F::make(cfg.get(), n_cells, n_seq_max, &h));
-        h_.reset(h);
-    }
+    BasicCellCache(const Config &cfg, std::size_t n_cells, std::size_t n_seq_max = 256)
+        : BasicCache<F>(cfg, n_cells, n_seq_max) {}
     std::uint64_t seq_new() {
         std::uint64_t id = 0;
-        check(F::seq_new(h_.get(), &id));
+        check(F::seq_new(this->h_.get(), &id));
         return id;
     }
     // A fork owning src's cells below `upto` (OKV_NONE: all); no K/V copied.
     std::uint64_t seq_clone(std::uint64_t src, std::size_t upto = OKV_NONE) {
         std::uint64_t id = 0;
-        check(F::seq_clone(h_.get(), src, upto, &id));
+        check(F::seq_clone(this->h_.get(), src, upto, &id));
         return id;
     }
     void seq_rm(std::uint64_t seq, std::size_t p0 = 0, std::size_t p1 = OKV_NONE) {
-        check(F::seq_rm(h_.get(), seq, p0, p1));
+        check(F::seq_rm(this->h_.get(), seq, p0, p1));
     }
-    void seq_free(std::uint64_t seq) { check(F::seq_free(h_.get(), seq)); }
+    void seq_free(std::uint64_t seq) { check(F::seq_free(this->h_.get(), seq)); }
     std::size_t next_pos(std::uint64_t seq) const { return per_seq(F::next_pos, seq); }
     std::size_t seq_len(std::uint64_t seq) const { return per_seq(F::seq_len, seq); }
-    std::size_t free_cells() const { return get_size(F::free_cells); }
-    std::size_t capacity() const { return get_size(F::capacity); }
-    bool can_extend(std::size_t n = 1) const {
-        bool ok = false;
-        check(F::can_extend(h_.get(), n, &ok));
-        return ok;
-    }
-    void clear() { check(F::clear(h_.get())); }
+    std::size_t free_cells() const { return this->get_size(F::free_cells); }
     // One entry per token; all or nothing.
     void begin_step(span<const std::uint64_t> seq_ids, span<const std::size_t> positions) {
         if (seq_ids.size() != positions.size())
             throw Error(OKV_ERR_SHAPE, "begin_step: seq_ids and positions differ in length");
-        check(F::begin_step(h_.get(), seq_ids.data(), positions.data(), seq_ids.size()));
+        check(F::begin_step(this->h_.get(), seq_ids.data(), positions.data(), seq_ids.size()));
     }
     okv_cell_plan plan(std::size_t layer) const {
         okv_cell_plan p{};
-        check(F::plan(h_.get(), layer, &p));
+        check(F::plan(this->h_.get(), layer, &p));
         return p;
     }
     std::vector<okv_run> visible(std::size_t layer, std::size_t token) const {
         std::vector<okv_run> runs(4);
         std::size_t n = 0;
-        okv_status s = F::visible(h_.get(), layer, token, runs.data(), runs.size(), &n);
+        okv_status s = F::visible(this->h_.get(), layer, token, runs.data(), runs.size(), &n);
         if (s == OKV_ERR_BUFFER_TOO_SMALL) {
             runs.resize(n);
-            s = F::visible(h_.get(), layer, token, runs.data(), runs.size(), &n);
+            s = F::visible(this->h_.get(), layer, token, runs.data(), runs.size(), &n);
         }
         check(s);
         runs.resize(n);
@@ -285,23 +280,42 @@ public:
     // [tokens, read_len] bytes, 1 = visible; valid until the next mutating call.
     Mask dense_mask(std::size_t layer) {
         Mask m{nullptr, 0, 0};
-        check(F::dense_mask(h_.get(), layer, &m.data, &m.rows, &m.cols));
+        check(F::dense_mask(this->h_.get(), layer, &m.data, &m.rows, &m.cols));
         return m;
     }
-    handle_type *get() const noexcept { return h_.get(); }
 
-protected:
-    std::size_t get_size(okv_status (*fn)(const handle_type *, std::size_t *)) const {
+private:
+    std::size_t per_seq(okv_status (*fn)(const typename F::handle *, std::uint64_t, std::size_t *),
+                        std::uint64_t s) const {
         std::size_t n = 0;
-        check(fn(h_.get(), &n));
+        check(fn(this->h_.get(), s, &n));
         return n;
     }
-    std::size_t per_seq(okv_status (*fn)(const handle_type *, std::uint64_t, std::size_t *), std::uint64_t s) const {
-        std::size_t n = 0;
-        check(fn(h_.get(), s, &n));
-        return n;
+};
+
+// The byte faces both K/V caches add to their bookkeeping.
+template <class Base>
+class WithPools : public Base {
+    using F = typename Base::fns;
+
+public:
+    using Base::Base;
+    // Writes the open step's rows of `layer` ([n_kv_heads, n_tokens, head_dim] each).
+    void update(std::size_t layer, span<const float> k, span<const float> v) {
+        check(F::update(this->h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
     }
-    Owned<handle_type, F::free> h_;
+    // Attention of the open step at `layer` into `out` (same shape as q).
+    void attend(std::size_t layer, span<const float> q, std::size_t n_q_heads, span<float> out,
+                const okv_attend_options *options = nullptr) const {
+        check(F::attend(this->h_.get(), layer, q.data(), q.size(), n_q_heads, out.data(), out.size(), options));
+    }
+    // Layer `layer`'s pools; valid until the next mutating call.
+    okv_pool_view pool(std::size_t layer) const {
+        okv_pool_view p{};
+        check(F::pool(this->h_.get(), layer, &p));
+        return p;
+    }
+    std::size_t nbytes() const { return this->get_size(F::nbytes); }
 };
 }  // namespace detail
 
@@ -312,25 +326,9 @@ public:
 };
 
 // One sequence's bookkeeping and K/V pools.
-class KvSequenceCache : public detail::BasicSequenceCache<detail::KvSeqFns> {
+class KvSequenceCache : public detail::WithPools<detail::BasicSequenceCache<detail::KvSeqFns>> {
 public:
-    using BasicSequenceCache::BasicSequenceCache;
-    // Writes the open step's rows of `layer` ([n_kv_heads, n_tokens, head_dim] each).
-    void update(std::size_t layer, span<const float> k, span<const float> v) {
-        check(okv_kv_seq_cache_update(h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
-    }
-    // Attention of the open step at `layer` into `out` (same shape as q).
-    void attend(std::size_t layer, span<const float> q, std::size_t n_q_heads, span<float> out,
-                const okv_attend_options *options = nullptr) const {
-        check(okv_kv_seq_cache_attend(h_.get(), layer, q.data(), q.size(), n_q_heads, out.data(), out.size(),
-                                      options));
-    }
-    okv_pool_view pool(std::size_t layer) const {
-        okv_pool_view p{};
-        check(okv_kv_seq_cache_pool(h_.get(), layer, &p));
-        return p;
-    }
-    std::size_t nbytes() const { return get_size(okv_kv_seq_cache_nbytes); }
+    using WithPools::WithPools;
 };
 
 // Many sequences' bookkeeping (no bytes).
@@ -340,23 +338,9 @@ public:
 };
 
 // Many sequences' bookkeeping and K/V pools.
-class KvCellCache : public detail::BasicCellCache<detail::KvCellFns> {
+class KvCellCache : public detail::WithPools<detail::BasicCellCache<detail::KvCellFns>> {
 public:
-    using BasicCellCache::BasicCellCache;
-    void update(std::size_t layer, span<const float> k, span<const float> v) {
-        check(okv_kv_cell_cache_update(h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
-    }
-    void attend(std::size_t layer, span<const float> q, std::size_t n_q_heads, span<float> out,
-                const okv_attend_options *options = nullptr) {
-        check(okv_kv_cell_cache_attend(h_.get(), layer, q.data(), q.size(), n_q_heads, out.data(), out.size(),
-                                       options));
-    }
-    okv_pool_view pool(std::size_t layer) const {
-        okv_pool_view p{};
-        check(okv_kv_cell_cache_pool(h_.get(), layer, &p));
-        return p;
-    }
-    std::size_t nbytes() const { return get_size(okv_kv_cell_cache_nbytes); }
+    using WithPools::WithPools;
 };
 
 // The process-global registry of live handles (it borrows, never owns).

@@ -37,6 +37,9 @@ int main() {
     std::vector<okv_layer_config> layers{okv::flat(1, 4), okv::ring(4, 1, 4)};
     cfg.layers(layers).max_step(4);
     EXPECT(cfg.depth(0) == 16 && cfg.depth(1) == 7);
+    // flat: 4 + 2 * 3 = 10; ring (keeps 4 + 4 - 1 = 7): min(4, 7) + 2 * min(3, 7) + 2 = 12.
+    EXPECT(okv::cells_for_forks(cfg, 4, 2, 3) == 12);
+    EXPECT_STATUS(status_of([&] { okv::cells_for_forks(cfg, 4, SIZE_MAX, 3); }), OKV_ERR_INVALID_ARGUMENT);
 
     okv::KvSequenceCache kv(cfg);
     EXPECT(kv.begin_step(3) == 0);
