@@ -5,14 +5,13 @@
 //! (`okv_config_set_dtypes`, append-only names) when the core has them; today
 //! every pool is float32 and there is no dtype call at all.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 use offgraph_kv::{CacheConfig, LayerConfig, LayerPolicy};
 
 use crate::handle::{lock, opaque, publish, release, Opaque};
 use crate::ptr::{out, slice};
-use crate::status::{fail, finish, okv_status, R};
+use crate::status::{fail, guard, okv_status, R};
 
 /// A layer that keeps every position up to the capacity.
 pub const OKV_POLICY_FLAT: u32 = 0;
@@ -91,19 +90,17 @@ pub unsafe extern "C" fn okv_config_new(
     n_layers: usize,
     out_cfg: *mut *mut okv_config,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let o = out(out_cfg, "okv_config_new: out_cfg")?;
         publish::<okv_config>(CacheConfig::new(capacity, n_layers, Vec::new()), o);
         Ok(())
-    })))
+    })
 }
 
 /// Frees a config. NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_free(cfg: *mut okv_config) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| unsafe {
-        release(cfg, "okv_config_free")
-    })))
+    guard(|| unsafe { release(cfg, "okv_config_free") })
 }
 
 /// Sets the layer configs: `n` is 1 (every layer alike) or the config's
@@ -114,7 +111,7 @@ pub unsafe extern "C" fn okv_config_set_layers(
     layers: *const okv_layer_config,
     n: usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let what = "okv_config_set_layers";
         let mut c = unsafe { lock(cfg, what) }?;
         let ls = unsafe { slice(layers, n, "okv_config_set_layers: layers") }?;
@@ -134,7 +131,7 @@ pub unsafe extern "C" fn okv_config_set_layers(
             .collect::<R<Vec<_>>>()?;
         c.layers = v;
         Ok(())
-    })))
+    })
 }
 
 /// Sets the most tokens one step may carry (checked when a cache is built).
@@ -143,10 +140,10 @@ pub unsafe extern "C" fn okv_config_set_max_step(
     cfg: *mut okv_config,
     max_step: usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         unsafe { lock(cfg, "okv_config_set_max_step") }?.max_step = max_step;
         Ok(())
-    })))
+    })
 }
 
 /// Sets the slots a pool starts with (checked when a cache is built).
@@ -155,20 +152,20 @@ pub unsafe extern "C" fn okv_config_set_initial_capacity(
     cfg: *mut okv_config,
     initial_capacity: usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         unsafe { lock(cfg, "okv_config_set_initial_capacity") }?.initial_capacity =
             initial_capacity;
         Ok(())
-    })))
+    })
 }
 
 /// `OKV_OK` when the config is valid, else `OKV_ERR_INVALID_CONFIG` naming the field.
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_validate(cfg: *const okv_config) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         unsafe { lock(cfg, "okv_config_validate") }?.validate()?;
         Ok(())
-    })))
+    })
 }
 
 /// The pool depth (slots) of layer `layer`: capacity for a flat layer,
@@ -179,11 +176,11 @@ pub unsafe extern "C" fn okv_config_depth(
     layer: usize,
     out_depth: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let o = out(out_depth, "okv_config_depth: out_depth")?;
         let c = unsafe { lock(cfg, "okv_config_depth") }?;
         let p = c.layer(layer)?.policy;
         o.set(c.depth(p));
         Ok(())
-    })))
+    })
 }

@@ -11,7 +11,6 @@
 //! a handle from a config; `okv_registry_build` validates the config first.
 
 use std::ffi::{c_char, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, LazyLock};
 
 use offgraph_kv::registry::{Builder, Registry};
@@ -20,7 +19,7 @@ use offgraph_kv::{CacheConfig, CacheError};
 use crate::config::{config_of, okv_config};
 use crate::handle::{live_kind, okv_handle_kind, publish, release};
 use crate::ptr::{cstr, out, slice_mut, Out};
-use crate::status::{fail, finish, okv_status, R};
+use crate::status::{fail, guard, okv_status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
@@ -46,7 +45,7 @@ pub unsafe extern "C" fn okv_registry_install(
     key: *const c_char,
     handle: *const c_void,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let what = "okv_registry_install";
         let key = unsafe { cstr(key, "okv_registry_install: key") }?;
         if handle.is_null() {
@@ -64,7 +63,7 @@ pub unsafe extern "C" fn okv_registry_install(
         })?;
         REGISTRY.install(key, Entry { addr, kind })?;
         Ok(())
-    })))
+    })
 }
 
 /// The handle under `key` (borrowed: the registry does not own it) and its kind.
@@ -74,7 +73,7 @@ pub unsafe extern "C" fn okv_registry_get(
     out_kind: *mut okv_handle_kind,
     out_handle: *mut *mut c_void,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let (k, h) = (
             out(out_kind, "okv_registry_get: out_kind")?,
             out(out_handle, "okv_registry_get: out_handle")?,
@@ -84,17 +83,17 @@ pub unsafe extern "C" fn okv_registry_get(
         k.set(e.kind);
         h.set(e.addr as *mut c_void);
         Ok(())
-    })))
+    })
 }
 
 /// Removes `key` (the handle itself is untouched). `OKV_ERR_NOT_FOUND` if absent.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_erase(key: *const c_char) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let key = unsafe { cstr(key, "okv_registry_erase: key") }?;
         REGISTRY.erase(key)?;
         Ok(())
-    })))
+    })
 }
 
 /// Whether `key` is installed.
@@ -103,12 +102,12 @@ pub unsafe extern "C" fn okv_registry_contains(
     key: *const c_char,
     out_found: *mut bool,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let o = out(out_found, "okv_registry_contains: out_found")?;
         let key = unsafe { cstr(key, "okv_registry_contains: key") }?;
         o.set(REGISTRY.contains(key));
         Ok(())
-    })))
+    })
 }
 
 /// A key no other call in this process returned: `prefix` plus a counter,
@@ -122,7 +121,7 @@ pub unsafe extern "C" fn okv_registry_unique_key(
     cap: usize,
     out_len: *mut usize,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let what = "okv_registry_unique_key";
         let n = out(out_len, "okv_registry_unique_key: out_len")?;
         let prefix = unsafe { cstr(prefix, "okv_registry_unique_key: prefix") }?;
@@ -144,7 +143,7 @@ pub unsafe extern "C" fn okv_registry_unique_key(
         }
         n.set(key.len());
         Ok(())
-    })))
+    })
 }
 
 /// A builder: makes a new handle (any okv cache) from `cfg`, stores it in
@@ -208,7 +207,7 @@ pub unsafe extern "C" fn okv_registry_register_builder(
     build: okv_builder_fn,
     user_data: *mut c_void,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let what = "okv_registry_register_builder";
         let b = unsafe { cstr(backend_id, "okv_registry_register_builder: backend_id") }?;
         let k = unsafe { cstr(kind, "okv_registry_register_builder: kind") }?;
@@ -222,7 +221,7 @@ pub unsafe extern "C" fn okv_registry_register_builder(
         let builder: Builder<Entry> = Arc::new(move |cfg: &CacheConfig| call_builder(f, &ud, cfg));
         REGISTRY.register_builder(b, k, builder);
         Ok(())
-    })))
+    })
 }
 
 /// Whether a builder is registered for (`backend_id`, `kind`).
@@ -232,13 +231,13 @@ pub unsafe extern "C" fn okv_registry_has_builder(
     kind: *const c_char,
     out_found: *mut bool,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let o = out(out_found, "okv_registry_has_builder: out_found")?;
         let b = unsafe { cstr(backend_id, "okv_registry_has_builder: backend_id") }?;
         let k = unsafe { cstr(kind, "okv_registry_has_builder: kind") }?;
         o.set(REGISTRY.has_builder(b, k));
         Ok(())
-    })))
+    })
 }
 
 /// Validates `cfg`, then builds with the builder for (`backend_id`, `kind`):
@@ -253,7 +252,7 @@ pub unsafe extern "C" fn okv_registry_build(
     out_kind: *mut okv_handle_kind,
     out_handle: *mut *mut c_void,
 ) -> okv_status {
-    finish(catch_unwind(AssertUnwindSafe(|| -> R<()> {
+    guard(|| {
         let ok: Out<okv_handle_kind> = out(out_kind, "okv_registry_build: out_kind")?;
         let oh = out(out_handle, "okv_registry_build: out_handle")?;
         let b = unsafe { cstr(backend_id, "okv_registry_build: backend_id") }?;
@@ -263,5 +262,5 @@ pub unsafe extern "C" fn okv_registry_build(
         ok.set(e.kind);
         oh.set(e.addr as *mut c_void);
         Ok(())
-    })))
+    })
 }

@@ -118,7 +118,7 @@ pub(crate) fn guard(f: impl FnOnce() -> R<()>) -> okv_status {
 }
 
 /// Turns the outcome of an export's `catch_unwind` into its status.
-pub(crate) fn finish(r: std::thread::Result<R<()>>) -> okv_status {
+fn finish(r: std::thread::Result<R<()>>) -> okv_status {
     match r {
         Ok(Ok(())) => okv_status::OKV_OK,
         Ok(Err(f)) => record(f),
