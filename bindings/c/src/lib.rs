@@ -4,8 +4,8 @@
 //! Conventions every export keeps:
 //! - It returns an [`okv_status`]; `OKV_OK` is zero. On failure the message is
 //!   kept per thread and read with `okv_last_error()`.
-//! - Its body runs inside `std::panic::catch_unwind`: a panic becomes
-//!   `OKV_ERR_PANIC`, never an unwind into C.
+//! - Its body runs inside `std::panic::catch_unwind` (`status::guard`): a
+//!   panic becomes `OKV_ERR_PANIC`, never an unwind into C.
 //! - Handles are opaque, made by `_new` and released by `_free`. Each is
 //!   checked on entry against the set of live handles of its type (NULL,
 //!   foreign, freed or wrongly typed handles are refused) and carries a magic
@@ -13,6 +13,11 @@
 //! - Out-parameters are checked before anything changes and written only on
 //!   success: a refused call changes nothing (the one exception, documented
 //!   where it applies, is the size a `OKV_ERR_BUFFER_TOO_SMALL` reports).
+//! - Each export is a plain `extern "C" fn` with its doc comment, because
+//!   cbindgen reads the source without expanding macros (expansion needs a
+//!   nightly compiler). Its body names one generic verb written once for both
+//!   handle kinds of a family: `cell/verbs.rs`, the sequence verbs in
+//!   `sequence.rs`, and the K/V faces of both pool-owning caches in `pools.rs`.
 //!
 //! Safety contract (every `unsafe extern "C" fn` here): a pointer with a
 //! length points at that many readable (or writable, for outputs) elements,
