@@ -130,7 +130,9 @@ def table(dtype: str, steps: int, results: dict[int, dict]) -> str:
         f"ratios: the baseline's median over {OG_ATTN}'s (above 1: the offgraph attention is "
         "faster).",
         "",
-        "| context | " + " | ".join(names) + " | Dynamic / offgraph attn | Static / offgraph attn |",
+        "| context | "
+        + " | ".join(names)
+        + " | Dynamic / offgraph attn | Static / offgraph attn |",
         "|---" * (len(names) + 3) + "|",
     ]
     for ctx, r in results.items():
