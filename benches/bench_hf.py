@@ -156,14 +156,14 @@ def table(dtype: str, steps: int, results: dict[int, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small contexts, few steps")
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32", help="model dtype")
     ap.add_argument("--steps", type=int, default=None, help="decode steps per cache")
     ap.add_argument("--contexts", type=int, nargs="*", default=None)
     ap.add_argument("--out", default=None, help="path prefix of the .json/.md written")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     contexts = args.contexts or ([256, 1024] if args.quick else [2048, 8192])
     steps = args.steps or (6 if args.quick else 24)
