@@ -94,10 +94,7 @@ impl Backend {
 
     /// Whether this build can run the backend (`xnnpack` needs the cargo feature).
     pub fn available(&self) -> bool {
-        match self {
-            Backend::Xnnpack => cfg!(feature = "xnnpack"),
-            _ => true,
-        }
+        *self != Backend::Xnnpack || cfg!(feature = "xnnpack")
     }
 }
 
