@@ -277,11 +277,7 @@ impl CellCache {
 
     /// Which cell table a layer's K/V pools are indexed by.
     pub fn table_of(&self, layer: usize) -> Result<usize> {
-        let pi = self.policy_index(layer)?;
-        self.policy_table
-            .get(pi)
-            .copied()
-            .ok_or_else(|| self.layer_error(layer))
+        self.table.of_layer(layer, &self.policy_table)
     }
 
     /// Changes whenever a step opens or closes.
@@ -291,10 +287,6 @@ impl CellCache {
 
     pub fn step_open(&self) -> bool {
         self.step_open
-    }
-
-    fn layer_error(&self, layer: usize) -> CacheError {
-        self.table.layer_error(layer)
     }
 
     fn table_ref(&self, table: usize) -> Result<&Table> {
