@@ -15,6 +15,7 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p offgraph-kv --no-default-features -- -D warnings
 echo "==> ruff"
 ruff check python tests benches
 ruff format --check python tests benches

@@ -261,8 +261,14 @@ impl PolicyTable {
 
     /// A layer's policy.
     pub fn policy(&self, layer: usize) -> Result<LayerPolicy> {
+        self.of_layer(layer, &self.policies)
+    }
+
+    /// The entry of `per_policy` (one value per distinct policy) for `layer`'s
+    /// policy.
+    pub fn of_layer<T: Copy>(&self, layer: usize, per_policy: &[T]) -> Result<T> {
         let idx = self.index(layer)?;
-        self.policies
+        per_policy
             .get(idx)
             .copied()
             .ok_or_else(|| self.layer_error(layer))

@@ -126,27 +126,21 @@ impl RowsIn<'_> {
             return false;
         };
         match self {
-            RowsIn::F32(s) => match s.get(at..end) {
-                Some(src) => out.copy_from_slice(src),
-                None => return false,
-            },
-            RowsIn::F16(s) => match s.get(at..end) {
-                Some(src) => out
-                    .iter_mut()
-                    .zip(src)
-                    .for_each(|(o, &h)| *o = f16_to_f32(h)),
-                None => return false,
-            },
-            RowsIn::Bf16(s) => match s.get(at..end) {
-                Some(src) => out
-                    .iter_mut()
-                    .zip(src)
-                    .for_each(|(o, &h)| *o = bf16_to_f32(h)),
-                None => return false,
-            },
+            RowsIn::F32(s) => s.get(at..end).map(|src| out.copy_from_slice(src)).is_some(),
+            RowsIn::F16(s) => widen_with(s.get(at..end), out, f16_to_f32),
+            RowsIn::Bf16(s) => widen_with(s.get(at..end), out, bf16_to_f32),
         }
-        true
     }
+}
+
+/// Widens `src` into `out` value by value with `f`; false when `src` is `None`
+/// (the range was out of bounds).
+fn widen_with(src: Option<&[u16]>, out: &mut [f32], f: impl Fn(u16) -> f32) -> bool {
+    let Some(src) = src else {
+        return false;
+    };
+    out.iter_mut().zip(src).for_each(|(o, &h)| *o = f(h));
+    true
 }
 
 /// Stored rows of one pool (or part of one), borrowed: the bytes and their type.
@@ -314,34 +308,18 @@ pub fn dequantize_block_q8_0(b: &[u8; Q8_0_BLOCK_BYTES], out: &mut [f32; QK8_0])
 /// `dst.len()` must be `dtype.row_bytes(src.len())` (for q8_0, `src.len()` a
 /// multiple of 32); returns false otherwise and writes nothing.
 pub fn encode(dtype: KvDtype, src: &[f32], dst: &mut [u8]) -> bool {
-    if dtype == KvDtype::Q8_0 && !src.len().is_multiple_of(QK8_0) {
-        return false;
-    }
-    if dst.len() != dtype.row_bytes(src.len()) {
+    if !holds(dtype, src.len(), dst.len()) {
         return false;
     }
     match dtype {
         KvDtype::Float32 => dst.copy_from_slice(KvRows::from_f32(src).bytes),
-        KvDtype::Float16 => {
-            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&f32_to_f16(*s).to_le_bytes());
-            }
-        }
-        KvDtype::Bfloat16 => {
-            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&f32_to_bf16(*s).to_le_bytes());
-            }
-        }
-        KvDtype::Q8_0 => {
-            for (d, s) in dst
-                .as_chunks_mut::<Q8_0_BLOCK_BYTES>()
-                .0
-                .iter_mut()
-                .zip(src.as_chunks::<QK8_0>().0)
-            {
-                quantize_block_q8_0(s, d);
-            }
-        }
+        KvDtype::Float16 => per_chunk(src, dst, |[s]: &[f32; 1], d: &mut [u8; 2]| {
+            *d = f32_to_f16(*s).to_le_bytes();
+        }),
+        KvDtype::Bfloat16 => per_chunk(src, dst, |[s]: &[f32; 1], d: &mut [u8; 2]| {
+            *d = f32_to_bf16(*s).to_le_bytes();
+        }),
+        KvDtype::Q8_0 => per_chunk(src, dst, quantize_block_q8_0),
     }
     true
 }
@@ -349,40 +327,46 @@ pub fn encode(dtype: KvDtype, src: &[f32], dst: &mut [u8]) -> bool {
 /// Decodes `src` (whole rows of `dtype`) into `dst` f32 values.
 /// `src.len()` must be `dtype.row_bytes(dst.len())`; returns false otherwise.
 pub fn decode(dtype: KvDtype, src: &[u8], dst: &mut [f32]) -> bool {
-    if dtype == KvDtype::Q8_0 && !dst.len().is_multiple_of(QK8_0) {
-        return false;
-    }
-    if src.len() != dtype.row_bytes(dst.len()) {
+    if !holds(dtype, dst.len(), src.len()) {
         return false;
     }
     match dtype {
-        KvDtype::Float32 => {
-            for (d, s) in dst.iter_mut().zip(src.as_chunks::<4>().0) {
-                *d = f32::from_le_bytes(*s);
-            }
-        }
-        KvDtype::Float16 => {
-            for (d, s) in dst.iter_mut().zip(src.as_chunks::<2>().0) {
-                *d = f16_to_f32(u16::from_le_bytes(*s));
-            }
-        }
-        KvDtype::Bfloat16 => {
-            for (d, s) in dst.iter_mut().zip(src.as_chunks::<2>().0) {
-                *d = bf16_to_f32(u16::from_le_bytes(*s));
-            }
-        }
-        KvDtype::Q8_0 => {
-            for (d, s) in dst
-                .as_chunks_mut::<QK8_0>()
-                .0
-                .iter_mut()
-                .zip(src.as_chunks::<Q8_0_BLOCK_BYTES>().0)
-            {
-                dequantize_block_q8_0(s, d);
-            }
-        }
+        KvDtype::Float32 => per_chunk(src, dst, |s: &[u8; 4], [d]: &mut [f32; 1]| {
+            *d = f32::from_le_bytes(*s);
+        }),
+        KvDtype::Float16 => per_chunk(src, dst, |s: &[u8; 2], [d]: &mut [f32; 1]| {
+            *d = f16_to_f32(u16::from_le_bytes(*s));
+        }),
+        KvDtype::Bfloat16 => per_chunk(src, dst, |s: &[u8; 2], [d]: &mut [f32; 1]| {
+            *d = bf16_to_f32(u16::from_le_bytes(*s));
+        }),
+        KvDtype::Q8_0 => per_chunk(src, dst, dequantize_block_q8_0),
     }
     true
+}
+
+/// Whether `n_bytes` are exactly `n_values` values in `dtype` (for q8_0,
+/// whole blocks of 32).
+fn holds(dtype: KvDtype, n_values: usize, n_bytes: usize) -> bool {
+    (dtype != KvDtype::Q8_0 || n_values.is_multiple_of(QK8_0))
+        && n_bytes == dtype.row_bytes(n_values)
+}
+
+/// Calls `f` on each whole `N`-item chunk of `src` with the `M`-item chunk of
+/// `dst` at the same index (one value or block of a row and its encoding).
+fn per_chunk<S, D, const N: usize, const M: usize>(
+    src: &[S],
+    dst: &mut [D],
+    f: impl Fn(&[S; N], &mut [D; M]),
+) {
+    for (s, d) in src
+        .as_chunks::<N>()
+        .0
+        .iter()
+        .zip(dst.as_chunks_mut::<M>().0)
+    {
+        f(s, d);
+    }
 }
 
 #[cfg(test)]
@@ -438,6 +422,60 @@ mod tests {
         dequantize_block_q8_0(&b, &mut y);
         for (a, c) in x.iter().zip(&y) {
             assert!((a - c).abs() <= d * 0.51 + 1e-6);
+        }
+    }
+
+    #[test]
+    fn encode_and_decode_follow_the_per_value_conversions() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.37).collect();
+        for d in KvDtype::ALL {
+            let mut bytes = vec![0u8; d.row_bytes(x.len())];
+            assert!(encode(d, &x, &mut bytes), "{d:?}");
+            let mut y = vec![f32::NAN; x.len()];
+            assert!(decode(d, &bytes, &mut y), "{d:?}");
+            let want: Vec<f32> = match d {
+                KvDtype::Float32 => x.clone(),
+                KvDtype::Float16 => x.iter().map(|&v| f16_to_f32(f32_to_f16(v))).collect(),
+                KvDtype::Bfloat16 => x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect(),
+                KvDtype::Q8_0 => x
+                    .as_chunks::<QK8_0>()
+                    .0
+                    .iter()
+                    .flat_map(|c| {
+                        let (mut b, mut out) = ([0u8; Q8_0_BLOCK_BYTES], [0.0f32; QK8_0]);
+                        quantize_block_q8_0(c, &mut b);
+                        dequantize_block_q8_0(&b, &mut out);
+                        out
+                    })
+                    .collect(),
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&want), "{d:?}");
+            if d == KvDtype::Float16 {
+                assert_eq!(bytes[2..4], f32_to_f16(x[1]).to_le_bytes());
+            }
+            // Sizes that do not match are refused and write nothing.
+            let (bytes_before, y_before) = (bytes.clone(), y.clone());
+            assert!(!encode(d, &x[..31], &mut bytes), "{d:?}");
+            assert!(!decode(d, &bytes[1..], &mut y), "{d:?}");
+            assert_eq!(bytes, bytes_before);
+            assert_eq!(bits(&y), bits(&y_before));
+        }
+    }
+
+    #[test]
+    fn rows_in_widen_is_exact_and_refuses_out_of_range() {
+        let f: Vec<f32> = vec![1.5, -2.25, 3.0];
+        let h: Vec<u16> = f.iter().map(|&v| f32_to_f16(v)).collect();
+        let b: Vec<u16> = f.iter().map(|&v| f32_to_bf16(v)).collect();
+        for rows in [RowsIn::F32(&f), RowsIn::F16(&h), RowsIn::Bf16(&b)] {
+            let mut out = [0.0f32; 2];
+            assert!(rows.widen(1, &mut out));
+            assert_eq!(out, [-2.25, 3.0]);
+            let mut out = [7.0f32; 2];
+            assert!(!rows.widen(2, &mut out));
+            assert!(!rows.widen(usize::MAX, &mut out));
+            assert_eq!(out, [7.0, 7.0]);
         }
     }
 

@@ -94,10 +94,7 @@ impl Backend {
 
     /// Whether this build can run the backend (`xnnpack` needs the cargo feature).
     pub fn available(&self) -> bool {
-        match self {
-            Backend::Xnnpack => cfg!(feature = "xnnpack"),
-            _ => true,
-        }
+        *self != Backend::Xnnpack || cfg!(feature = "xnnpack")
     }
 }
 
@@ -134,9 +131,8 @@ pub fn attend(
     spec: &AttendSpec<'_>,
     opts: &AttendOptions,
 ) -> Result<Vec<f32>> {
-    let valid = validate(q, q_shape, spec, opts, q.len())?;
     let mut out = vec![0.0f32; q.len()];
-    run(valid, q, q_shape, spec, opts, &mut out)?;
+    attend_into(q, q_shape, spec, opts, &mut out)?;
     Ok(out)
 }
 
@@ -150,20 +146,29 @@ pub fn attend_into(
     out: &mut [f32],
 ) -> Result<()> {
     let valid = validate(q, q_shape, spec, opts, out.len())?;
-    run(valid, q, q_shape, spec, opts, out)
+    let exec = choose_exec(valid, q_shape, spec, opts)?;
+    if q.is_empty() {
+        return Ok(());
+    }
+    let threads = match opts.threads {
+        Some(t) => t,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let head_dim = spec.head_dim;
+    let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+    let geo = Geometry::new(q, q_shape, spec, scale, threads, exec.rows_per_block());
+    exec::run_tasks(&geo, exec, threads, out)
 }
 
-/// Chooses the backend and runs the call; `out` holds `q.len()` floats.
-fn run(
+/// The backend a validated call runs on, refused when this build or CPU cannot
+/// serve it (the XNNPACK backend also refuses non-f32 pools).
+fn choose_exec(
     _valid: Validated,
-    q: &[f32],
     q_shape: [usize; 3],
     spec: &AttendSpec<'_>,
     opts: &AttendOptions,
-    out: &mut [f32],
-) -> Result<()> {
-    let backend = resolve_backend(q_shape, spec, opts);
-    let exec = match backend {
+) -> Result<Exec> {
+    Ok(match resolve_backend(q_shape, spec, opts) {
         Backend::Xnnpack => {
             #[cfg(feature = "xnnpack")]
             {
@@ -180,18 +185,7 @@ fn run(
             }
         }
         _ => Exec::Native(kernel::select_isa(opts.native_isa)?),
-    };
-    if q.is_empty() {
-        return Ok(());
-    }
-    let threads = match opts.threads {
-        Some(t) => t,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    let head_dim = spec.head_dim;
-    let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-    let geo = Geometry::new(q, q_shape, spec, scale, threads, exec.rows_per_block());
-    exec::run_tasks(&geo, exec, threads, out)
+    })
 }
 
 /// The backend `Backend::Auto` resolves to for a shape (other choices pass through).

@@ -2,7 +2,7 @@
 //! cells of the table that layer reads (flat layers: the full table; ring
 //! layers: the ring table). Pools double up to `n_cells` rows.
 
-use super::{check_rows, LayerPools, Pool};
+use super::{pool_faces, pool_spec, write_step, LayerPools};
 use crate::cell::{CellCache, CellStepPlan, SeqId};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
@@ -23,6 +23,8 @@ pub struct KvCellCache {
 }
 
 impl KvCellCache {
+    pool_faces!(cells: CellCache);
+
     pub fn new(cfg: CacheConfig, n_cells: usize, n_seq_max: usize) -> Result<Self> {
         let cells = CellCache::new(cfg, n_cells, n_seq_max)?;
         let cfg = cells.config();
@@ -42,14 +44,6 @@ impl KvCellCache {
         &mut self.cells
     }
 
-    pub fn config(&self) -> &CacheConfig {
-        self.cells.config()
-    }
-
-    pub fn generation(&self) -> u64 {
-        self.cells.generation()
-    }
-
     /// Admission and placement (see [`CellCache::begin_step`]); then what each
     /// token sees is built once per distinct policy, for every layer's spec.
     pub fn begin_step(&mut self, seq_ids: &[SeqId], positions: &[usize]) -> Result<()> {
@@ -64,68 +58,20 @@ impl KvCellCache {
         self.cells.plan(layer)
     }
 
-    pub fn pool(&self, layer: usize) -> Result<&Pool> {
-        self.pools.get(layer)
-    }
-
-    /// Bookkeeping and pools together, for snapshots (`kv::snapshot`).
-    pub(crate) fn parts_mut(&mut self) -> (&mut CellCache, &mut LayerPools) {
-        (&mut self.cells, &mut self.pools)
-    }
-
-    /// Bytes the pools of `layer` hold.
-    pub fn nbytes(&self, layer: usize) -> Result<usize> {
-        self.pools.nbytes(layer)
-    }
-
-    /// Bytes all pools hold.
-    pub fn nbytes_total(&self) -> usize {
-        self.pools.nbytes_total()
-    }
-
-    /// Writes the open step's rows of `layer` (`k_new`, `v_new`:
-    /// `[n_kv_heads, n_tokens, head_dim]`) to the tokens' cells and returns the
-    /// spec. Refused calls write nothing.
-    pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
-        self.update_rows(layer, RowsIn::F32(k_new), RowsIn::F32(v_new))
-    }
-
-    /// [`Self::update`] with rows in any input type ([`RowsIn`]: float32,
-    /// float16 or bfloat16 bits), each rounded once into the pool's dtype.
-    pub fn update_rows(
-        &mut self,
-        layer: usize,
-        k_new: RowsIn<'_>,
-        v_new: RowsIn<'_>,
-    ) -> Result<AttendSpec<'_>> {
+    /// Writes the step's rows of `layer` to the tokens' cells, then builds
+    /// what each token sees if `begin_step` did not.
+    fn write_layer(&mut self, layer: usize, k_new: RowsIn<'_>, v_new: RowsIn<'_>) -> Result<()> {
         let plan = self.cells.plan(layer)?;
         let pool = self.pools.get_mut(layer)?;
-        let t = plan.n_tokens();
-        check_rows(&k_new, &v_new, pool.n_heads(), t, pool.head_dim())?;
-        let max_cell = plan
-            .cells()
-            .iter()
-            .map(|&c| (c as usize).saturating_add(1))
-            .max()
-            .unwrap_or(0);
-        pool.ensure(max_cell.max(plan.read_len()))?;
-        // Consecutive tokens in consecutive cells go in one copy per head.
-        let cells = plan.cells();
-        let mut i = 0;
-        while i < t {
-            let start = cells.get(i).copied().unwrap_or(0) as usize;
-            let mut n = 1;
-            while cells
-                .get(i.saturating_add(n))
-                .is_some_and(|&c| c as usize == start.saturating_add(n))
-            {
-                n = n.saturating_add(1);
-            }
-            pool.write_rows_in(k_new, v_new, t, i, start, n)?;
-            i = i.saturating_add(n);
-        }
-        self.cells.build_runs(layer)?;
-        self.spec(layer)
+        write_step(
+            pool,
+            k_new,
+            v_new,
+            plan.n_tokens(),
+            plan.read_len(),
+            cell_runs(plan.cells()),
+        )?;
+        self.cells.build_runs(layer)
     }
 
     /// The open step's spec for `layer`: its pool and what each token sees
@@ -143,23 +89,34 @@ impl KvCellCache {
                 pool.slots()
             )));
         }
-        Ok(AttendSpec {
-            k: pool.k(),
-            v: pool.v(),
-            n_kv_heads: pool.n_heads(),
-            head_dim: pool.head_dim(),
-            slots: pool.slots(),
-            positions: plan.positions(),
-            keys: KeyLayout::Cells {
-                offsets,
-                runs,
-                read_len: plan.read_len(),
-            },
-        })
+        let keys = KeyLayout::Cells {
+            offsets,
+            runs,
+            read_len: plan.read_len(),
+        };
+        Ok(pool_spec(pool, plan.positions(), keys))
     }
 
     /// The open step's dense mask for `layer` (`[T, read_len]`, 1 = visible).
     pub fn dense_mask(&mut self, layer: usize) -> Result<&[u8]> {
         self.cells.dense_mask(layer)
     }
+}
+
+/// `(first cell, count)` runs of consecutive tokens in consecutive cells, so
+/// each run is one copy per head.
+fn cell_runs(cells: &[u32]) -> impl Iterator<Item = (usize, usize)> + Clone + '_ {
+    let mut i = 0usize;
+    std::iter::from_fn(move || {
+        let start = *cells.get(i)? as usize;
+        let mut n = 1usize;
+        while cells
+            .get(i.saturating_add(n))
+            .is_some_and(|&c| c as usize == start.saturating_add(n))
+        {
+            n = n.saturating_add(1);
+        }
+        i = i.saturating_add(n);
+        Some((start, n))
+    })
 }

@@ -18,9 +18,116 @@ pub use seq::KvSequenceCache;
 
 use crate::dtype::RowsIn;
 use crate::error::{CacheError, Result};
+use crate::spec::{AttendSpec, KeyLayout};
+
+/// The faces both byte-layer caches show alike: config and generation from
+/// the bookkeeping in field `$book` (of type `$Book`), the pools and their
+/// bytes, and `update`/`update_rows` over the type's own `write_layer` (the
+/// rows' placement) and `spec`.
+macro_rules! pool_faces {
+    ($book:ident: $Book:ty) => {
+        pub fn config(&self) -> &$crate::config::CacheConfig {
+            self.$book.config()
+        }
+
+        pub fn generation(&self) -> u64 {
+            self.$book.generation()
+        }
+
+        pub fn pool(&self, layer: usize) -> $crate::error::Result<&$crate::kv::Pool> {
+            self.pools.get(layer)
+        }
+
+        /// Bookkeeping and pools together, for snapshots (`kv::snapshot`).
+        pub(crate) fn parts_mut(&mut self) -> (&mut $Book, &mut $crate::kv::LayerPools) {
+            (&mut self.$book, &mut self.pools)
+        }
+
+        /// Bytes the pools of `layer` hold.
+        pub fn nbytes(&self, layer: usize) -> $crate::error::Result<usize> {
+            self.pools.nbytes(layer)
+        }
+
+        /// Bytes all pools hold.
+        pub fn nbytes_total(&self) -> usize {
+            self.pools.nbytes_total()
+        }
+
+        /// [`Self::update`] with rows in any input type ([`RowsIn`](crate::RowsIn):
+        /// float32, float16 or bfloat16 bits), each rounded once into the pool's dtype.
+        pub fn update_rows(
+            &mut self,
+            layer: usize,
+            k_new: $crate::dtype::RowsIn<'_>,
+            v_new: $crate::dtype::RowsIn<'_>,
+        ) -> $crate::error::Result<$crate::spec::AttendSpec<'_>> {
+            self.write_layer(layer, k_new, v_new)?;
+            self.spec(layer)
+        }
+
+        /// Writes the open step's rows of `layer` (`k_new`, `v_new`:
+        /// `[n_kv_heads, n_tokens, head_dim]`, row-major) where the step's plan
+        /// puts them and returns the layer's spec. Refused calls write nothing.
+        pub fn update(
+            &mut self,
+            layer: usize,
+            k_new: &[f32],
+            v_new: &[f32],
+        ) -> $crate::error::Result<$crate::spec::AttendSpec<'_>> {
+            self.update_rows(
+                layer,
+                $crate::dtype::RowsIn::F32(k_new),
+                $crate::dtype::RowsIn::F32(v_new),
+            )
+        }
+    };
+}
+use pool_faces;
+
+/// The spec over `pool` for a step's query `positions` and `keys`.
+fn pool_spec<'a>(pool: &'a Pool, positions: &'a [usize], keys: KeyLayout<'a>) -> AttendSpec<'a> {
+    AttendSpec {
+        k: pool.k(),
+        v: pool.v(),
+        n_kv_heads: pool.n_heads(),
+        head_dim: pool.head_dim(),
+        slots: pool.slots(),
+        positions,
+        keys,
+    }
+}
+
+/// Writes a step's `n_tokens` rows to `pool`: `runs` are `(first slot, count)`
+/// in token order, covering the tokens once. The pool first grows to hold every
+/// run and at least `min_rows` rows. Checks the shapes before writing anything.
+fn write_step<I>(
+    pool: &mut Pool,
+    k_new: RowsIn<'_>,
+    v_new: RowsIn<'_>,
+    n_tokens: usize,
+    min_rows: usize,
+    runs: I,
+) -> Result<()>
+where
+    I: Iterator<Item = (usize, usize)> + Clone,
+{
+    check_rows(&k_new, &v_new, pool.n_heads(), n_tokens, pool.head_dim())?;
+    let needed = runs
+        .clone()
+        .map(|(start, n)| start.saturating_add(n))
+        .max()
+        .unwrap_or(0);
+    pool.ensure(needed.max(min_rows))?;
+    let mut t0 = 0;
+    for (start, n) in runs {
+        pool.write_rows_in(k_new, v_new, n_tokens, t0, start, n)?;
+        t0 = t0.saturating_add(n);
+    }
+    Ok(())
+}
 
 /// Checks that `k_new`/`v_new` hold `[n_heads, n_tokens, head_dim]` values.
-pub(crate) fn check_rows(
+fn check_rows(
     k_new: &RowsIn<'_>,
     v_new: &RowsIn<'_>,
     n_heads: usize,

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use super::{check_rows, LayerPools, Pool};
+use super::{pool_faces, pool_spec, write_step, LayerPools};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
 use crate::error::Result;
@@ -25,6 +25,8 @@ pub struct KvSequenceCache {
 }
 
 impl KvSequenceCache {
+    pool_faces!(seq: SequenceCache);
+
     pub fn new(cfg: CacheConfig) -> Result<Self> {
         let seq = SequenceCache::new(cfg)?;
         let cfg = seq.config();
@@ -42,10 +44,6 @@ impl KvSequenceCache {
         &self.seq
     }
 
-    pub fn config(&self) -> &CacheConfig {
-        self.seq.config()
-    }
-
     pub fn length(&self) -> usize {
         self.seq.length()
     }
@@ -56,10 +54,6 @@ impl KvSequenceCache {
 
     pub fn can_extend(&self, n: usize) -> bool {
         self.seq.can_extend(n)
-    }
-
-    pub fn generation(&self) -> u64 {
-        self.seq.generation()
     }
 
     pub fn begin_step(&mut self, n_tokens: usize) -> Result<usize> {
@@ -94,85 +88,23 @@ impl KvSequenceCache {
         self.seq.held_runs(layer, lo, hi)
     }
 
-    pub fn pool(&self, layer: usize) -> Result<&Pool> {
-        self.pools.get(layer)
-    }
-
-    /// Bookkeeping and pools together, for snapshots (`kv::snapshot`).
-    pub(crate) fn parts_mut(&mut self) -> (&mut SequenceCache, &mut LayerPools) {
-        (&mut self.seq, &mut self.pools)
-    }
-
-    /// Bytes the pools of `layer` hold.
-    pub fn nbytes(&self, layer: usize) -> Result<usize> {
-        self.pools.nbytes(layer)
-    }
-
-    /// Bytes all pools hold.
-    pub fn nbytes_total(&self) -> usize {
-        self.pools.nbytes_total()
-    }
-
-    /// Writes the open step's rows of `layer` (`k_new`, `v_new`:
-    /// `[n_kv_heads, n_tokens, head_dim]`, row-major) and returns its spec.
-    /// Refused calls write nothing.
-    pub fn update(&mut self, layer: usize, k_new: &[f32], v_new: &[f32]) -> Result<AttendSpec<'_>> {
-        self.update_rows(layer, RowsIn::F32(k_new), RowsIn::F32(v_new))
-    }
-
-    /// [`Self::update`] with rows in any input type ([`RowsIn`]: float32,
-    /// float16 or bfloat16 bits), each rounded once into the pool's dtype.
-    pub fn update_rows(
-        &mut self,
-        layer: usize,
-        k_new: RowsIn<'_>,
-        v_new: RowsIn<'_>,
-    ) -> Result<AttendSpec<'_>> {
+    /// Writes the step's rows of `layer` where the plan puts them (a ring
+    /// wrap is two runs).
+    fn write_layer(&mut self, layer: usize, k_new: RowsIn<'_>, v_new: RowsIn<'_>) -> Result<()> {
         let plan = self.seq.plan(layer)?;
         let pool = self.pools.get_mut(layer)?;
-        check_rows(
-            &k_new,
-            &v_new,
-            pool.n_heads(),
-            plan.n_tokens,
-            pool.head_dim(),
-        )?;
-        let needed = plan
-            .write
-            .as_slice()
-            .iter()
-            .map(|r| r.end())
-            .max()
-            .unwrap_or(0);
-        pool.ensure(needed)?;
-        let mut t0 = 0;
-        for run in plan.write.as_slice() {
-            pool.write_rows_in(k_new, v_new, plan.n_tokens, t0, run.start, run.len)?;
-            t0 = t0.saturating_add(run.len);
-        }
-        self.spec_for(layer, &plan)
+        let runs = plan.write.as_slice().iter().map(|r| (r.start, r.len));
+        write_step(pool, k_new, v_new, plan.n_tokens, 0, runs)
     }
 
-    /// The spec of the open step for `layer`, without writing.
+    /// The spec of the open step for `layer`.
     pub fn spec(&self, layer: usize) -> Result<AttendSpec<'_>> {
         let plan = self.seq.plan(layer)?;
-        self.spec_for(layer, &plan)
-    }
-
-    fn spec_for(&self, layer: usize, plan: &SeqStepPlan) -> Result<AttendSpec<'_>> {
-        let pool = self.pool(layer)?;
-        Ok(AttendSpec {
-            k: pool.k(),
-            v: pool.v(),
-            n_kv_heads: pool.n_heads(),
-            head_dim: pool.head_dim(),
-            slots: pool.slots(),
-            positions: &self.positions,
-            keys: KeyLayout::Runs {
-                read: plan.read,
-                read_base_pos: plan.read_base_pos,
-                mask: plan.mask,
-            },
-        })
+        let keys = KeyLayout::Runs {
+            read: plan.read,
+            read_base_pos: plan.read_base_pos,
+            mask: plan.mask,
+        };
+        Ok(pool_spec(self.pool(layer)?, &self.positions, keys))
     }
 }

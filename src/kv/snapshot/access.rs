@@ -3,8 +3,8 @@
 //! Rows travel as stored (float32, float16, bfloat16 or q8_0 blocks): never
 //! converted, so a round trip is bit-exact and costs no re-quantization.
 
-use super::format::{snap_err, LayerPrint};
-use crate::config::LayerPolicy;
+use super::format::{snap_err, LayerPrint, Reader};
+use crate::config::{CacheConfig, LayerPolicy};
 use crate::error::Result;
 use crate::kv::{Pool, Side};
 
@@ -13,7 +13,7 @@ use crate::kv::{Pool, Side};
 pub const DTYPE_F32: u8 = 0;
 
 /// The fingerprint of a layer with this policy and pool.
-pub(crate) fn print(policy: LayerPolicy, pool: &Pool) -> LayerPrint {
+fn print(policy: LayerPolicy, pool: &Pool) -> LayerPrint {
     LayerPrint {
         policy,
         n_kv_heads: pool.n_heads(),
@@ -23,6 +23,17 @@ pub(crate) fn print(policy: LayerPolicy, pool: &Pool) -> LayerPrint {
         k_row_bytes: pool.row_bytes(Side::K),
         v_row_bytes: pool.row_bytes(Side::V),
     }
+}
+
+/// The fingerprints of a cache's layers: each layer's policy in `cfg` over
+/// its pool.
+pub(crate) fn prints<'p>(
+    cfg: &CacheConfig,
+    pool: impl Fn(usize) -> Result<&'p Pool>,
+) -> Result<Vec<LayerPrint>> {
+    (0..cfg.n_layers)
+        .map(|l| Ok(print(cfg.layer(l)?.policy, pool(l)?)))
+        .collect()
 }
 
 /// Appends K as `[heads][slots][row]` bytes, then V alike, for `slots` in order.
@@ -46,6 +57,22 @@ pub(crate) fn read_rows(pool: &Pool, slots: &[usize], out: &mut Vec<u8>) -> Resu
 /// Bytes `read_rows` produces for `n_pos` positions.
 pub(crate) fn rows_len(p: &LayerPrint, n_pos: usize) -> Option<usize> {
     p.position_bytes()?.checked_mul(n_pos)
+}
+
+/// Takes each layer's row block from `r`: `n_pos(layer, print)` positions of
+/// `read_rows`' layout, the size checked against the data before taking.
+pub(crate) fn take_rows<'a>(
+    r: &mut Reader<'a>,
+    prints: &[LayerPrint],
+    n_pos: impl Fn(usize, &LayerPrint) -> usize,
+) -> Result<Vec<&'a [u8]>> {
+    let mut rows = Vec::with_capacity(prints.len());
+    for (i, p) in prints.iter().enumerate() {
+        let len = rows_len(p, n_pos(i, p))
+            .ok_or_else(|| snap_err(format!("layer {i}: row bytes overflow")))?;
+        rows.push(r.take(len, "rows")?);
+    }
+    Ok(rows)
 }
 
 /// Writes `rows` (`read_rows`' layout for `n_pos` positions) into the pool:

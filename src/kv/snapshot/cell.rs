@@ -96,16 +96,7 @@ fn cell_runs(cells: &[u32]) -> Vec<(usize, usize, usize)> {
 
 impl KvCellCache {
     fn prints(&self) -> Result<Vec<LayerPrint>> {
-        let cells = self.cells();
-        (0..self.config().n_layers)
-            .map(|l| {
-                let pi = cells.policy_index(l)?;
-                let policy = cells.policies().get(pi).copied().ok_or_else(|| {
-                    CacheError::InvalidArgument(format!("layer {l} has no policy"))
-                })?;
-                Ok(access::print(policy, self.pool(l)?))
-            })
-            .collect()
+        access::prints(self.config(), |l| self.pool(l))
     }
 
     /// A snapshot of `seq`'s positions below `upto` (`None`: all) that
@@ -260,17 +251,13 @@ impl KvCellCache {
                 }
             }
         }
-        let mut rows = Vec::with_capacity(prints.len());
-        for (i, pr) in prints.iter().enumerate() {
-            let n = if pr.policy.window().is_some() {
+        let rows = access::take_rows(r, prints, |_, pr| {
+            if pr.policy.window().is_some() {
                 ring.len()
             } else {
                 held_count
-            };
-            let len = access::rows_len(pr, n)
-                .ok_or_else(|| snap_err(format!("layer {i}: row bytes overflow")))?;
-            rows.push(r.take(len, "rows")?);
-        }
+            }
+        })?;
         r.end()?;
         Ok(Parsed {
             held,

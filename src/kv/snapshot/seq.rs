@@ -75,12 +75,9 @@ fn parse<'a>(r: &mut Reader<'a>, prints: &[LayerPrint]) -> Result<Parsed<'a>> {
         }
         froms.push(from);
     }
-    let mut rows = Vec::with_capacity(prints.len());
-    for (i, (p, &from)) in prints.iter().zip(&froms).enumerate() {
-        let n = access::rows_len(p, end.saturating_sub(from))
-            .ok_or_else(|| snap_err(format!("layer {i}: row bytes overflow")))?;
-        rows.push(r.take(n, "rows")?);
-    }
+    let rows = access::take_rows(r, prints, |i, _| {
+        end.saturating_sub(froms.get(i).copied().unwrap_or(end))
+    })?;
     r.end()?;
     Ok(Parsed {
         start,
@@ -126,16 +123,7 @@ pub fn snapshot_info(data: &[u8]) -> Result<SnapshotInfo> {
 
 impl KvSequenceCache {
     fn prints(&self) -> Result<Vec<LayerPrint>> {
-        let seq = self.sequence();
-        (0..self.config().n_layers)
-            .map(|l| {
-                let pi = seq.policy_index(l)?;
-                let policy = seq.policies().get(pi).copied().ok_or_else(|| {
-                    CacheError::InvalidArgument(format!("layer {l} has no policy"))
-                })?;
-                Ok(access::print(policy, self.pool(l)?))
-            })
-            .collect()
+        access::prints(self.config(), |l| self.pool(l))
     }
 
     /// A snapshot of positions `[0, upto)` (`None`: the whole length) that
