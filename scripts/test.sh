@@ -16,6 +16,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p offgraph-kv --no-default-features -- -D warnings
+echo "==> cargo doc (the core's docs: no broken links)"
+RUSTDOCFLAGS="-D warnings" cargo doc -p offgraph-kv --no-deps --quiet
 echo "==> ruff"
 ruff check python tests benches
 ruff format --check python tests benches

@@ -9,9 +9,9 @@
 //!   as a copy of the history. Accumulation is f32 throughout.
 //!   `n_q_heads` is a nonzero multiple of the spec's `n_kv_heads` (grouped-query
 //!   attention): query head `h` reads KV head `h / (n_q_heads / n_kv_heads)`.
-//! * [`KeyLayout::Runs`]: token `i` sees row `r` of the concatenated read runs
+//! * [`KeyLayout::Runs`](crate::KeyLayout::Runs): token `i` sees row `r` of the concatenated read runs
 //!   (logical position `read_base_pos + r`) iff `mask.visible(positions[i], pos)`.
-//!   [`KeyLayout::Cells`]: token `i` sees exactly the rows of its runs.
+//!   [`KeyLayout::Cells`](crate::KeyLayout::Cells): token `i` sees exactly the rows of its runs.
 //! * A token that sees no key at all gets an output row of zeros (the limit of
 //!   an empty softmax-weighted sum; never NaN).
 //! * Rows of the pools outside the named runs are never read, so they may hold

@@ -35,7 +35,7 @@
 //!
 //! # Ids
 //!
-//! 64-bit ids that never repeat in a cache's lifetime (see [`ids`]). The first
+//! 64-bit ids that never repeat in a cache's lifetime (see `ids.rs`). The first
 //! `n_seq_max` ids handed out after construction are `0, 1, 2, ...`.
 
 mod audit;
