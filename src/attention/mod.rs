@@ -45,10 +45,14 @@
 //! a 1-thread decode at ctx 512; no persistent pool yet), and a key-split call
 //! one buffer of partial states.
 
+#[cfg(feature = "xnnpack")]
+mod colsoftmax;
 mod exec;
 mod geometry;
 mod kernel;
 mod softmax;
+#[cfg(feature = "xnnpack")]
+mod transpose;
 mod validate;
 #[cfg(feature = "xnnpack")]
 mod xnn;

@@ -29,8 +29,10 @@
 // ("Arithmetic bounds" in validate.rs).
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
+use super::colsoftmax::mask_softmax;
 use super::geometry::Block;
-use super::softmax::{exp2, State};
+use super::softmax::State;
+use super::transpose::transpose;
 use crate::dtype::KvDtype;
 use crate::error::{CacheError, Result};
 use std::cell::RefCell;
@@ -221,38 +223,10 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
                     )?
                 };
             }
-            // Mask + online softmax down each column r of Sᵀ (stride nr).
-            let mut any = false;
-            for r in 0..nr {
-                let (lo, hi) = (b.lo[r], b.hi[r]);
-                if lo >= j + nc || hi <= j || lo >= hi {
-                    for jj in 0..nc {
-                        xs.st[jj * nr + r] = 0.0;
-                    }
-                    continue;
-                }
-                let mut mt = f32::NEG_INFINITY;
-                for jj in 0..nc {
-                    let idx = j + jj;
-                    let s = &mut xs.st[jj * nr + r];
-                    if idx < lo || idx >= hi {
-                        *s = f32::NEG_INFINITY;
-                    }
-                    mt = mt.max(*s);
-                }
-                let m_old = st.m[r];
-                let mn = m_old.max(mt);
-                let mut sum = 0.0f32;
-                for jj in 0..nc {
-                    let s = &mut xs.st[jj * nr + r];
-                    *s = exp2(*s - mn);
-                    sum += *s;
-                }
-                st.fold_row(r, mn, sum, hd);
-                any = true;
-            }
+            let st_tile = &mut xs.st[..nc * nr];
+            let any = mask_softmax(st_tile, nc, j, &b.lo[..nr], &b.hi[..nr], st, hd);
             if any {
-                // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d], in 8-key strips.
+                // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d].
                 let vc = &bv[row0 * hd..(row0 + nc) * hd];
                 transpose(vc, nc, hd, &mut xs.vt);
                 // SAFETY: st holds nc * nr floats = [in = nc, out = nr].
@@ -279,25 +253,4 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
         }
     }
     Ok(())
-}
-
-/// `dst[d * n + j] = src[j * hd + d]` for a `n × hd` row-major source.
-fn transpose(src: &[f32], n: usize, hd: usize, dst: &mut [f32]) {
-    const B: usize = 16;
-    let mut j0 = 0;
-    while j0 < n {
-        let j1 = (j0 + B).min(n);
-        let mut d0 = 0;
-        while d0 < hd {
-            let d1 = (d0 + B).min(hd);
-            for j in j0..j1 {
-                let row = &src[j * hd..j * hd + hd];
-                for d in d0..d1 {
-                    dst[d * n + j] = row[d];
-                }
-            }
-            d0 = d1;
-        }
-        j0 = j1;
-    }
 }
