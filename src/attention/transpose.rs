@@ -11,21 +11,26 @@
 /// `dst[d * n + j] = src[j * hd + d]` for an `n × hd` row-major `src`.
 /// Callers pass `src.len() >= n * hd` and `dst.len() >= n * hd`; shorter
 /// slices panic on the bounds check below rather than read out of bounds.
-pub(super) fn transpose(src: &[f32], n: usize, hd: usize, dst: &mut [f32]) {
+///
+/// On x86 the tile pass also prefetches `next` into L2, spread over its rows:
+/// the backend passes the next chunk's K, so that stream overlaps this one
+/// instead of stalling the next K operator (which reads it cold otherwise).
+pub(super) fn transpose(src: &[f32], n: usize, hd: usize, dst: &mut [f32], next: &[f32]) {
     let (src, dst) = (&src[..n * hd], &mut dst[..n * hd]);
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: avx512f detected; both slices hold n * hd floats.
-            let done = unsafe { x86::tiles16(src, n, hd, dst) };
+            let done = unsafe { x86::tiles16(src, n, hd, dst, next) };
             return edges(src, n, hd, dst, done);
         }
         if std::arch::is_x86_feature_detected!("avx") {
             // SAFETY: avx detected; both slices hold n * hd floats.
-            let done = unsafe { x86::tiles8(src, n, hd, dst) };
+            let done = unsafe { x86::tiles8(src, n, hd, dst, next) };
             return edges(src, n, hd, dst, done);
         }
     }
+    let _ = next;
     scalar(src, n, hd, dst, 0, n, 0, hd);
 }
 
@@ -82,10 +87,13 @@ mod x86 {
         n: usize,
         hd: usize,
         dst: &mut [f32],
+        next: &[f32],
     ) -> (usize, usize) {
         let (nj, nd) = (n / 16 * 16, hd / 16 * 16);
         let (s, o) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut pf = Prefetch::new(next, nj / 16);
         for j0 in (0..nj).step_by(16) {
+            pf.step();
             for d0 in (0..nd).step_by(16) {
                 // SAFETY: rows j0..j0+16 and columns d0..d0+16 are inside both
                 // n × hd (src) and hd × n (dst) matrices.
@@ -101,6 +109,7 @@ mod x86 {
                 }
             }
         }
+        pf.rest();
         (nj, nd)
     }
 
@@ -144,10 +153,13 @@ mod x86 {
         n: usize,
         hd: usize,
         dst: &mut [f32],
+        next: &[f32],
     ) -> (usize, usize) {
         let (nj, nd) = (n / 8 * 8, hd / 8 * 8);
         let (s, o) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut pf = Prefetch::new(next, nj / 8);
         for j0 in (0..nj).step_by(8) {
+            pf.step();
             for d0 in (0..nd).step_by(8) {
                 // SAFETY: rows j0..j0+8 and columns d0..d0+8 are inside both
                 // n × hd (src) and hd × n (dst) matrices.
@@ -177,7 +189,36 @@ mod x86 {
                 }
             }
         }
+        pf.rest();
         (nj, nd)
+    }
+
+    /// L2 prefetch of a slice's cache lines, an equal share per step.
+    struct Prefetch<'a> {
+        lines: std::slice::ChunksExact<'a, f32>,
+        per: usize,
+    }
+
+    impl<'a> Prefetch<'a> {
+        fn new(next: &'a [f32], steps: usize) -> Self {
+            let lines = next.chunks_exact(16);
+            let per = lines.len().div_ceil(steps.max(1));
+            Self { lines, per }
+        }
+
+        #[inline(always)]
+        fn step(&mut self) {
+            for line in self.lines.by_ref().take(self.per) {
+                // SAFETY: a prefetch of an address inside `next` has no other effect.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+            }
+        }
+
+        fn rest(&mut self) {
+            while self.lines.len() > 0 {
+                self.step();
+            }
+        }
     }
 }
 
@@ -209,7 +250,7 @@ mod tests {
             let src: Vec<f32> = (0..n * hd).map(|i| i as f32).collect();
             let want = reference(&src, n, hd);
             let mut got = vec![-1.0; n * hd];
-            transpose(&src, n, hd, &mut got);
+            transpose(&src, n, hd, &mut got, &src);
             assert_eq!(got, want, "dispatched n={n} hd={hd}");
             let mut got = vec![-1.0; n * hd];
             scalar(&src, n, hd, &mut got, 0, n, 0, hd);
@@ -218,7 +259,8 @@ mod tests {
             for (isa, run) in [
                 (
                     "avx512f",
-                    x86::tiles16 as unsafe fn(&[f32], usize, usize, &mut [f32]) -> (usize, usize),
+                    x86::tiles16
+                        as unsafe fn(&[f32], usize, usize, &mut [f32], &[f32]) -> (usize, usize),
                 ),
                 ("avx", x86::tiles8),
             ] {
@@ -231,7 +273,7 @@ mod tests {
                 }
                 let mut got = vec![-1.0; n * hd];
                 // SAFETY: the feature was detected; both slices hold n * hd floats.
-                let done = unsafe { run(&src, n, hd, &mut got) };
+                let done = unsafe { run(&src, n, hd, &mut got, &src) };
                 edges(&src, n, hd, &mut got, done);
                 assert_eq!(got, want, "{isa} n={n} hd={hd}");
             }

@@ -228,7 +228,14 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
             if any {
                 // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d].
                 let vc = &bv[row0 * hd..(row0 + nc) * hd];
-                transpose(vc, nc, hd, &mut xs.vt);
+                // The next chunk's K, prefetched while V streams.
+                let (j2, r2) = (j + nc, row0 + nc);
+                let next = if j2 < e {
+                    &bk[r2 * hd..(r2 + CHUNK.min(e - j2)) * hd]
+                } else {
+                    &[]
+                };
+                transpose(vc, nc, hd, &mut xs.vt, next);
                 // SAFETY: st holds nc * nr floats = [in = nc, out = nr].
                 let op2 = unsafe {
                     fc(
