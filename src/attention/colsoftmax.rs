@@ -11,7 +11,7 @@
 // validated block geometry ("Arithmetic bounds" in validate.rs).
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
-use super::softmax::{exp2, State};
+use super::softmax::{exp2_in_range, State};
 use super::xnn::RB;
 
 /// Partial results kept per column during the flat sweep.
@@ -118,8 +118,17 @@ fn sweep_body(
     let w = nr * LANES;
     let mut acc = [f32::NEG_INFINITY; RB * LANES];
     let acc = &mut acc[..w];
+    // Fixed 16-wide inner loops: one vector instruction each. A block's
+    // tail shorter than 16 (nc * nr not a multiple of 16) takes the zip.
     for c in s.chunks(w) {
-        for (a, &x) in acc.iter_mut().zip(c) {
+        let mut cx = c.chunks_exact(LANES);
+        for (a, x) in acc.chunks_exact_mut(LANES).zip(&mut cx) {
+            for i in 0..LANES {
+                a[i] = if x[i] > a[i] { x[i] } else { a[i] };
+            }
+        }
+        let tail = cx.remainder();
+        for (a, &x) in acc[c.len() - tail.len()..].iter_mut().zip(tail) {
             *a = if x > *a { x } else { *a };
         }
     }
@@ -133,13 +142,40 @@ fn sweep_body(
     }
     let mut sacc = [0.0f32; RB * LANES];
     for c in s.chunks_mut(w) {
-        for ((x, &m), a) in c.iter_mut().zip(&pat[..w]).zip(&mut sacc[..w]) {
-            let p = exp2(*x - m);
+        let len = c.len();
+        let mut cx = c.chunks_exact_mut(LANES);
+        let lanes = pat[..w]
+            .chunks_exact(LANES)
+            .zip(sacc[..w].chunks_exact_mut(LANES));
+        for (x, (m, a)) in (&mut cx).zip(lanes) {
+            for i in 0..LANES {
+                let p = exp2v(x[i] - m[i]);
+                x[i] = p;
+                a[i] += p;
+            }
+        }
+        let tail = cx.into_remainder();
+        let o = len - tail.len();
+        for ((x, &m), a) in tail.iter_mut().zip(&pat[o..w]).zip(&mut sacc[o..w]) {
+            let p = exp2v(*x - m);
             *x = p;
             *a += p;
         }
     }
     for r in 0..nr {
         sum[r] = (0..LANES).map(|k| sacc[k * nr + r]).sum();
+    }
+}
+
+/// `softmax::exp2`, branch-free: NaN and `-inf` clamp to -127 and every
+/// lane below -126 selects 0, the same results as `exp2`.
+#[inline(always)]
+fn exp2v(x: f32) -> f32 {
+    let xc = x.max(-127.0);
+    let v = exp2_in_range(xc);
+    if xc < -126.0 {
+        0.0
+    } else {
+        v
     }
 }
