@@ -6,7 +6,8 @@
 //!    block — small) and whose *input* is the K rows read in place from the pool
 //!    (batch = keys). K is therefore never repacked or copied.
 //! 2. Mask and online softmax over the columns of `Sᵀ`, natively (the 2022
-//!    softmax operator has no mask and no running-max merge across chunks).
+//!    softmax operator has no mask and no running-max merge across chunks),
+//!    vectorised in `colsoftmax.rs`.
 //! 3. `Oᵀ = V_chunkᵀ · P`: the 2022 library has no batch-matmul and no transpose
 //!    operator, and a fully-connected operator only contracts its input's
 //!    channels, so `P · V` needs V either as packed weights (repacked per call:
@@ -14,7 +15,16 @@
 //!    transposed as input. We transpose the chunk natively into an L2-resident
 //!    scratch (`head_dim × CHUNK`) and create a second operator whose weights are
 //!    `Pᵀ` (`[in = keys, out = rows]`, `XNN_FLAG_TRANSPOSE_WEIGHTS`; packing
-//!    `rows × keys` floats, small for decode).
+//!    `rows × keys` floats, small for decode). The transpose (`transpose.rs`,
+//!    in-register tiles) is the pass that streams V from memory; it also
+//!    prefetches the next chunk's K into L2, so step 1 of that chunk computes
+//!    from cache instead of stalling on its own cold stream.
+//!
+//! Where the time goes (decode): the transpose carries the K and V streams;
+//! the two operators then compute from cache, and their microkernel fills 16
+//! output lanes with a GQA group of 4 query rows, so their compute is not
+//! hidden under the memory traffic the way the fused native kernel's is.
+//! That serial compute is what keeps this backend near 2× the read floor.
 //!
 //! No packed copy of the pools is kept: `attend` is stateless over a spec, and
 //! nothing in an [`AttendSpec`](crate::AttendSpec) tells whether a pool page
