@@ -179,3 +179,27 @@ fn exp2v(x: f32) -> f32 {
         v
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::softmax::exp2;
+
+    #[test]
+    fn branch_free_exp2_equals_exp2() {
+        let mut xs = vec![
+            f32::NAN,
+            f32::NEG_INFINITY,
+            -1e30,
+            -127.0,
+            -126.5,
+            -126.0,
+            -0.0,
+            0.0,
+        ];
+        xs.extend((0..20_000).map(|i| -(i as f32) * 0.0064));
+        for x in xs {
+            assert_eq!(exp2v(x).to_bits(), exp2(x).to_bits(), "x = {x}");
+        }
+    }
+}
