@@ -44,9 +44,16 @@ pub(super) fn mask_softmax(
     if !live.iter().any(|&l| l) {
         return false;
     }
-    let mut mn = [0.0f32; RB];
-    let mut sum = [0.0f32; RB];
-    sweep(s, nr, &state.m[..nr], &live, &mut mn, &mut sum);
+    let mut sw = Sweep {
+        s,
+        nr,
+        m_old: &state.m[..nr],
+        live,
+        mn: [0.0; RB],
+        sum: [0.0; RB],
+    };
+    sweep(&mut sw);
+    let (mn, sum) = (sw.mn, sw.sum);
     for r in (0..nr).filter(|&r| live[r]) {
         state.fold_row(r, mn[r], sum[r], hd);
     }
@@ -54,67 +61,59 @@ pub(super) fn mask_softmax(
 }
 
 /// Dispatches [`sweep_body`] to the widest instruction set available.
-fn sweep(
-    s: &mut [f32],
-    nr: usize,
-    m_old: &[f32],
-    live: &[bool; RB],
-    mn: &mut [f32; RB],
-    sum: &mut [f32; RB],
-) {
+fn sweep(sw: &mut Sweep<'_>) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: avx512f detected.
-            return unsafe { sweep_avx512(s, nr, m_old, live, mn, sum) };
+            return unsafe { sweep_avx512(sw) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: avx2 and fma detected.
-            return unsafe { sweep_avx2(s, nr, m_old, live, mn, sum) };
+            return unsafe { sweep_avx2(sw) };
         }
     }
-    sweep_body(s, nr, m_old, live, mn, sum);
+    sweep_body(sw);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn sweep_avx512(
-    s: &mut [f32],
-    nr: usize,
-    m_old: &[f32],
-    live: &[bool; RB],
-    mn: &mut [f32; RB],
-    sum: &mut [f32; RB],
-) {
-    sweep_body(s, nr, m_old, live, mn, sum);
+unsafe fn sweep_avx512(sw: &mut Sweep<'_>) {
+    sweep_body(sw);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn sweep_avx2(
-    s: &mut [f32],
+unsafe fn sweep_avx2(sw: &mut Sweep<'_>) {
+    sweep_body(sw);
+}
+
+/// One tile's sweep: the scores `s` of `nr` columns, the running maxima
+/// `m_old`, which columns see a key; out: new maxima `mn` and sums `sum`.
+struct Sweep<'a> {
+    s: &'a mut [f32],
     nr: usize,
-    m_old: &[f32],
-    live: &[bool; RB],
-    mn: &mut [f32; RB],
-    sum: &mut [f32; RB],
-) {
-    sweep_body(s, nr, m_old, live, mn, sum);
+    m_old: &'a [f32],
+    live: [bool; RB],
+    mn: [f32; RB],
+    sum: [f32; RB],
 }
 
 /// Column maxima (folded with the running maxima `m_old`) into `mn`, then
 /// `s ← 2^(s - mn[col])` and the column sums into `sum`. Dead columns use
 /// `mn = 0`: their masked `-inf` scores become exact zeros.
 #[inline(always)]
-fn sweep_body(
-    s: &mut [f32],
-    nr: usize,
-    m_old: &[f32],
-    live: &[bool; RB],
-    mn: &mut [f32; RB],
-    sum: &mut [f32; RB],
-) {
+fn sweep_body(sw: &mut Sweep<'_>) {
+    let Sweep {
+        s,
+        nr,
+        m_old,
+        live,
+        mn,
+        sum,
+    } = sw;
+    let (nr, s) = (*nr, &mut **s);
     let w = nr * LANES;
     let mut acc = [f32::NEG_INFINITY; RB * LANES];
     let acc = &mut acc[..w];

@@ -19,19 +19,30 @@ pub(super) fn transpose(src: &[f32], n: usize, hd: usize, dst: &mut [f32], next:
     let (src, dst) = (&src[..n * hd], &mut dst[..n * hd]);
     #[cfg(target_arch = "x86_64")]
     {
+        let mut job = x86::Job {
+            src,
+            n,
+            hd,
+            dst,
+            next,
+        };
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: avx512f detected; both slices hold n * hd floats.
-            let done = unsafe { x86::tiles16(src, n, hd, dst, next) };
-            return edges(src, n, hd, dst, done);
+            let done = unsafe { x86::tiles16(&mut job) };
+            return edges(src, n, hd, job.dst, done);
         }
         if std::arch::is_x86_feature_detected!("avx") {
             // SAFETY: avx detected; both slices hold n * hd floats.
-            let done = unsafe { x86::tiles8(src, n, hd, dst, next) };
-            return edges(src, n, hd, dst, done);
+            let done = unsafe { x86::tiles8(&mut job) };
+            return edges(src, n, hd, job.dst, done);
         }
+        scalar(src, n, hd, job.dst, 0, n, 0, hd);
     }
-    let _ = next;
-    scalar(src, n, hd, dst, 0, n, 0, hd);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = next;
+        scalar(src, n, hd, dst, 0, n, 0, hd);
+    }
 }
 
 /// The part the tile pass left: columns `done.1..hd` of rows `0..done.0`, and
@@ -77,40 +88,63 @@ fn scalar(
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// Full 16×16 tiles; returns the rows and columns they covered.
-    ///
-    /// # Safety
-    /// avx512f is available; `src` and `dst` hold `n * hd` floats.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tiles16(
-        src: &[f32],
-        n: usize,
-        hd: usize,
-        dst: &mut [f32],
-        next: &[f32],
+    /// One transpose: `n × hd` `src` into `hd × n` `dst` (both `n * hd`
+    /// floats), prefetching `next`.
+    pub(super) struct Job<'a> {
+        pub(super) src: &'a [f32],
+        pub(super) n: usize,
+        pub(super) hd: usize,
+        pub(super) dst: &'a mut [f32],
+        pub(super) next: &'a [f32],
+    }
+
+    /// Walks the full `w × w` tiles, prefetching `next` an equal share per
+    /// row of tiles; returns the rows and columns covered. `tile(s, o)`
+    /// transposes the tile at `s` (row stride `hd`) to `o` (row stride `n`).
+    #[inline(always)]
+    fn tiles(
+        w: usize,
+        job: &mut Job<'_>,
+        mut tile: impl FnMut(*const f32, *mut f32),
     ) -> (usize, usize) {
-        let (nj, nd) = (n / 16 * 16, hd / 16 * 16);
-        let (s, o) = (src.as_ptr(), dst.as_mut_ptr());
-        let mut pf = Prefetch::new(next, nj / 16);
-        for j0 in (0..nj).step_by(16) {
+        let (n, hd) = (job.n, job.hd);
+        let (nj, nd) = (n / w * w, hd / w * w);
+        let (s, o) = (job.src.as_ptr(), job.dst.as_mut_ptr());
+        let mut pf = Prefetch::new(job.next, nj / w);
+        for j0 in (0..nj).step_by(w) {
             pf.step();
-            for d0 in (0..nd).step_by(16) {
-                // SAFETY: rows j0..j0+16 and columns d0..d0+16 are inside both
-                // n × hd (src) and hd × n (dst) matrices.
-                unsafe {
-                    let mut r = [_mm512_setzero_ps(); 16];
-                    for (i, v) in r.iter_mut().enumerate() {
-                        *v = _mm512_loadu_ps(s.add((j0 + i) * hd + d0));
-                    }
-                    transpose16(&mut r);
-                    for (i, v) in r.iter().enumerate() {
-                        _mm512_storeu_ps(o.add((d0 + i) * n + j0), *v);
-                    }
-                }
+            for d0 in (0..nd).step_by(w) {
+                // SAFETY: rows j0..j0+w and columns d0..d0+w lie inside both
+                // src (n × hd) and dst (hd × n), which hold n * hd floats.
+                tile(unsafe { s.add(j0 * hd + d0) }, unsafe {
+                    o.add(d0 * n + j0)
+                });
             }
         }
         pf.rest();
         (nj, nd)
+    }
+
+    /// Full 16×16 tiles; returns the rows and columns they covered.
+    ///
+    /// # Safety
+    /// avx512f is available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tiles16(job: &mut Job<'_>) -> (usize, usize) {
+        let (n, hd) = (job.n, job.hd);
+        tiles(16, job, |s, o| {
+            // SAFETY: `tiles` passes the corners of a full tile of both matrices.
+            unsafe {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, v) in r.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(s.add(i * hd));
+                }
+                transpose16(&mut r);
+                for (i, v) in r.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(i * n), *v);
+                }
+            }
+        })
     }
 
     /// In-register 16×16 transpose: lane pairs, then 2×2 blocks, then
@@ -146,51 +180,36 @@ mod x86 {
     /// Full 8×8 tiles; returns the rows and columns they covered.
     ///
     /// # Safety
-    /// avx is available; `src` and `dst` hold `n * hd` floats.
+    /// avx is available.
     #[target_feature(enable = "avx")]
-    pub(super) unsafe fn tiles8(
-        src: &[f32],
-        n: usize,
-        hd: usize,
-        dst: &mut [f32],
-        next: &[f32],
-    ) -> (usize, usize) {
-        let (nj, nd) = (n / 8 * 8, hd / 8 * 8);
-        let (s, o) = (src.as_ptr(), dst.as_mut_ptr());
-        let mut pf = Prefetch::new(next, nj / 8);
-        for j0 in (0..nj).step_by(8) {
-            pf.step();
-            for d0 in (0..nd).step_by(8) {
-                // SAFETY: rows j0..j0+8 and columns d0..d0+8 are inside both
-                // n × hd (src) and hd × n (dst) matrices.
-                unsafe {
-                    let mut r = [_mm256_setzero_ps(); 8];
-                    for (i, v) in r.iter_mut().enumerate() {
-                        *v = _mm256_loadu_ps(s.add((j0 + i) * hd + d0));
-                    }
-                    let mut t = [_mm256_setzero_ps(); 8];
-                    for i in 0..4 {
-                        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-                        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-                    }
-                    for i in 0..2 {
-                        let b = 4 * i;
-                        r[b] = _mm256_shuffle_ps::<0x44>(t[b], t[b + 2]);
-                        r[b + 1] = _mm256_shuffle_ps::<0xEE>(t[b], t[b + 2]);
-                        r[b + 2] = _mm256_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
-                        r[b + 3] = _mm256_shuffle_ps::<0xEE>(t[b + 1], t[b + 3]);
-                    }
-                    for c in 0..4 {
-                        let lo = _mm256_permute2f128_ps::<0x20>(r[c], r[4 + c]);
-                        let hi = _mm256_permute2f128_ps::<0x31>(r[c], r[4 + c]);
-                        _mm256_storeu_ps(o.add((d0 + c) * n + j0), lo);
-                        _mm256_storeu_ps(o.add((d0 + 4 + c) * n + j0), hi);
-                    }
+    pub(super) unsafe fn tiles8(job: &mut Job<'_>) -> (usize, usize) {
+        let (n, hd) = (job.n, job.hd);
+        tiles(8, job, |s, o| {
+            // SAFETY: `tiles` passes the corners of a full tile of both matrices.
+            unsafe {
+                let mut r = [_mm256_setzero_ps(); 8];
+                for (i, v) in r.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(s.add(i * hd));
+                }
+                let mut t = [_mm256_setzero_ps(); 8];
+                for i in 0..4 {
+                    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+                }
+                for b in [0, 4] {
+                    r[b] = _mm256_shuffle_ps::<0x44>(t[b], t[b + 2]);
+                    r[b + 1] = _mm256_shuffle_ps::<0xEE>(t[b], t[b + 2]);
+                    r[b + 2] = _mm256_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+                    r[b + 3] = _mm256_shuffle_ps::<0xEE>(t[b + 1], t[b + 3]);
+                }
+                for c in 0..4 {
+                    let lo = _mm256_permute2f128_ps::<0x20>(r[c], r[4 + c]);
+                    let hi = _mm256_permute2f128_ps::<0x31>(r[c], r[4 + c]);
+                    _mm256_storeu_ps(o.add(c * n), lo);
+                    _mm256_storeu_ps(o.add((4 + c) * n), hi);
                 }
             }
-        }
-        pf.rest();
-        (nj, nd)
+        })
     }
 
     /// L2 prefetch of a slice's cache lines, an equal share per step.
@@ -259,8 +278,7 @@ mod tests {
             for (isa, run) in [
                 (
                     "avx512f",
-                    x86::tiles16
-                        as unsafe fn(&[f32], usize, usize, &mut [f32], &[f32]) -> (usize, usize),
+                    x86::tiles16 as unsafe fn(&mut x86::Job<'_>) -> (usize, usize),
                 ),
                 ("avx", x86::tiles8),
             ] {
@@ -272,8 +290,15 @@ mod tests {
                     continue;
                 }
                 let mut got = vec![-1.0; n * hd];
+                let mut job = x86::Job {
+                    src: &src,
+                    n,
+                    hd,
+                    dst: &mut got,
+                    next: &src,
+                };
                 // SAFETY: the feature was detected; both slices hold n * hd floats.
-                let done = unsafe { run(&src, n, hd, &mut got, &src) };
+                let done = unsafe { run(&mut job) };
                 edges(&src, n, hd, &mut got, done);
                 assert_eq!(got, want, "{isa} n={n} hd={hd}");
             }
