@@ -184,6 +184,73 @@ mod tests {
     use super::*;
     use crate::attention::softmax::exp2;
 
+    /// Every compiled sweep against a per-column walk, on tiles whose length
+    /// is not a multiple of the sweep width, with a dead column.
+    #[test]
+    fn sweeps_match_a_column_walk() {
+        let mut variants: Vec<(&str, unsafe fn(&mut Sweep<'_>))> =
+            vec![("portable", |sw| sweep_body(sw))];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                variants.push(("avx512", sweep_avx512));
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                variants.push(("avx2", sweep_avx2));
+            }
+        }
+        for (nr, nc) in [(4usize, 37usize), (1, 5), (32, 256), (3, 17)] {
+            let mut want: Vec<f32> = (0..nc * nr)
+                .map(|i| ((i * 7919 % 1000) as f32) * 0.013 - 6.0)
+                .collect();
+            let m_old: Vec<f32> = (0..nr)
+                .map(|r| if r % 3 == 0 { f32::NEG_INFINITY } else { 2.0 })
+                .collect();
+            let mut live = [false; RB];
+            for l in live.iter_mut().take(nr).skip(1) {
+                *l = true;
+            }
+            // Column 0 is dead: masked to -inf as `mask_softmax` leaves it.
+            for jj in 0..nc {
+                want[jj * nr] = f32::NEG_INFINITY;
+            }
+            let masked = want.clone();
+            let (mut want_mn, mut want_sum) = ([0.0f32; RB], [0.0f64; RB]);
+            for r in 0..nr {
+                let col = (0..nc).map(|jj| want[jj * nr + r]);
+                let m = col.fold(m_old[r], f32::max);
+                want_mn[r] = if live[r] { m } else { 0.0 };
+                for jj in 0..nc {
+                    let x = &mut want[jj * nr + r];
+                    *x = exp2(*x - want_mn[r]);
+                    want_sum[r] += f64::from(*x);
+                }
+            }
+            for (name, run) in &variants {
+                let mut s = masked.clone();
+                let mut sw = Sweep {
+                    s: &mut s,
+                    nr,
+                    m_old: &m_old,
+                    live,
+                    mn: [0.0; RB],
+                    sum: [0.0; RB],
+                };
+                // SAFETY: each variant was pushed only when its features were detected.
+                unsafe { run(&mut sw) };
+                let (mn, sum) = (sw.mn, sw.sum);
+                assert_eq!(s, want, "{name} nr={nr} nc={nc}: probabilities");
+                assert_eq!(mn[..nr], want_mn[..nr], "{name}: maxima");
+                for r in 0..nr {
+                    let err = (f64::from(sum[r]) - want_sum[r]).abs();
+                    assert!(err <= 1e-5 * want_sum[r].max(1.0), "{name} r={r}: sum");
+                }
+            }
+        }
+    }
+
     #[test]
     fn branch_free_exp2_equals_exp2() {
         let mut xs = vec![
