@@ -188,8 +188,8 @@ mod tests {
     /// is not a multiple of the sweep width, with a dead column.
     #[test]
     fn sweeps_match_a_column_walk() {
-        let mut variants: Vec<(&str, unsafe fn(&mut Sweep<'_>))> =
-            vec![("portable", |sw| sweep_body(sw))];
+        type Run = unsafe fn(&mut Sweep<'_>);
+        let mut variants: Vec<(&str, Run)> = vec![("portable", |sw| sweep_body(sw))];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
