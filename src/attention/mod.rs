@@ -25,7 +25,8 @@
 //! `validate.rs` checks a call once (and states the arithmetic bounds the
 //! other files rely on); `geometry.rs` cuts the call into tasks; `exec.rs`
 //! runs them over threads and merges key-split partial states; `softmax.rs`
-//! holds the online-softmax state both backends fold into. In `kernel/`:
+//! holds the online-softmax state both backends fold into; `colsoftmax.rs`
+//! and `transpose.rs` are the XNNPACK backend's native passes. In `kernel/`:
 //! the blocked driver and the micro-kernel trait (`mod.rs`), ISA detection
 //! and dispatch (`select.rs`), the portable, AVX2 and AVX-512 micro-kernels
 //! (`portable.rs`, `avx2.rs`, `avx512/`), and the widening of stored
@@ -45,10 +46,14 @@
 //! a 1-thread decode at ctx 512; no persistent pool yet), and a key-split call
 //! one buffer of partial states.
 
+#[cfg(feature = "xnnpack")]
+mod colsoftmax;
 mod exec;
 mod geometry;
 mod kernel;
 mod softmax;
+#[cfg(feature = "xnnpack")]
+mod transpose;
 mod validate;
 #[cfg(feature = "xnnpack")]
 mod xnn;

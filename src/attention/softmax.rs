@@ -63,6 +63,14 @@ pub(super) fn exp2(x: f32) -> f32 {
     if x.is_nan() || x < -126.0 {
         return 0.0;
     }
+    exp2_in_range(x)
+}
+
+/// [`exp2`] without its range check: `x` must be finite and `>= -127`.
+/// Branch-free, so callers that select the out-of-range lanes themselves
+/// vectorise it even where the early return would not.
+#[inline(always)]
+pub(super) fn exp2_in_range(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: round to nearest integer
     let n = (x + MAGIC) - MAGIC;
     let f = (x - n) * std::f32::consts::LN_2; // |f| <= 0.347

@@ -6,7 +6,8 @@
 //!    block — small) and whose *input* is the K rows read in place from the pool
 //!    (batch = keys). K is therefore never repacked or copied.
 //! 2. Mask and online softmax over the columns of `Sᵀ`, natively (the 2022
-//!    softmax operator has no mask and no running-max merge across chunks).
+//!    softmax operator has no mask and no running-max merge across chunks),
+//!    vectorised in `colsoftmax.rs`.
 //! 3. `Oᵀ = V_chunkᵀ · P`: the 2022 library has no batch-matmul and no transpose
 //!    operator, and a fully-connected operator only contracts its input's
 //!    channels, so `P · V` needs V either as packed weights (repacked per call:
@@ -14,7 +15,16 @@
 //!    transposed as input. We transpose the chunk natively into an L2-resident
 //!    scratch (`head_dim × CHUNK`) and create a second operator whose weights are
 //!    `Pᵀ` (`[in = keys, out = rows]`, `XNN_FLAG_TRANSPOSE_WEIGHTS`; packing
-//!    `rows × keys` floats, small for decode).
+//!    `rows × keys` floats, small for decode). The transpose (`transpose.rs`,
+//!    in-register tiles) is the pass that streams V from memory; it also
+//!    prefetches the next chunk's K into L2, so step 1 of that chunk computes
+//!    from cache instead of stalling on its own cold stream.
+//!
+//! Where the time goes (decode): the transpose carries the K and V streams;
+//! the two operators then compute from cache, and their microkernel fills 16
+//! output lanes with a GQA group of 4 query rows, so their compute is not
+//! hidden under the memory traffic the way the fused native kernel's is.
+//! That serial compute is what keeps this backend near 2× the read floor.
 //!
 //! No packed copy of the pools is kept: `attend` is stateless over a spec, and
 //! nothing in an [`AttendSpec`](crate::AttendSpec) tells whether a pool page
@@ -29,8 +39,10 @@
 // ("Arithmetic bounds" in validate.rs).
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
+use super::colsoftmax::mask_softmax;
 use super::geometry::Block;
-use super::softmax::{exp2, State};
+use super::softmax::State;
+use super::transpose::transpose;
 use crate::dtype::KvDtype;
 use crate::error::{CacheError, Result};
 use std::cell::RefCell;
@@ -221,40 +233,19 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
                     )?
                 };
             }
-            // Mask + online softmax down each column r of Sᵀ (stride nr).
-            let mut any = false;
-            for r in 0..nr {
-                let (lo, hi) = (b.lo[r], b.hi[r]);
-                if lo >= j + nc || hi <= j || lo >= hi {
-                    for jj in 0..nc {
-                        xs.st[jj * nr + r] = 0.0;
-                    }
-                    continue;
-                }
-                let mut mt = f32::NEG_INFINITY;
-                for jj in 0..nc {
-                    let idx = j + jj;
-                    let s = &mut xs.st[jj * nr + r];
-                    if idx < lo || idx >= hi {
-                        *s = f32::NEG_INFINITY;
-                    }
-                    mt = mt.max(*s);
-                }
-                let m_old = st.m[r];
-                let mn = m_old.max(mt);
-                let mut sum = 0.0f32;
-                for jj in 0..nc {
-                    let s = &mut xs.st[jj * nr + r];
-                    *s = exp2(*s - mn);
-                    sum += *s;
-                }
-                st.fold_row(r, mn, sum, hd);
-                any = true;
-            }
+            let st_tile = &mut xs.st[..nc * nr];
+            let any = mask_softmax(st_tile, nc, j, &b.lo[..nr], &b.hi[..nr], st, hd);
             if any {
-                // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d], in 8-key strips.
+                // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d].
                 let vc = &bv[row0 * hd..(row0 + nc) * hd];
-                transpose(vc, nc, hd, &mut xs.vt);
+                // The next chunk's K, prefetched while V streams.
+                let (j2, r2) = (j + nc, row0 + nc);
+                let next = if j2 < e {
+                    &bk[r2 * hd..(r2 + CHUNK.min(e - j2)) * hd]
+                } else {
+                    &[]
+                };
+                transpose(vc, nc, hd, &mut xs.vt, next);
                 // SAFETY: st holds nc * nr floats = [in = nc, out = nr].
                 let op2 = unsafe {
                     fc(
@@ -279,25 +270,4 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
         }
     }
     Ok(())
-}
-
-/// `dst[d * n + j] = src[j * hd + d]` for a `n × hd` row-major source.
-fn transpose(src: &[f32], n: usize, hd: usize, dst: &mut [f32]) {
-    const B: usize = 16;
-    let mut j0 = 0;
-    while j0 < n {
-        let j1 = (j0 + B).min(n);
-        let mut d0 = 0;
-        while d0 < hd {
-            let d1 = (d0 + B).min(hd);
-            for j in j0..j1 {
-                let row = &src[j * hd..j * hd + hd];
-                for d in d0..d1 {
-                    dst[d * n + j] = row[d];
-                }
-            }
-            d0 = d1;
-        }
-        j0 = j1;
-    }
 }
