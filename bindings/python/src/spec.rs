@@ -71,9 +71,9 @@ pub fn view<'py>(
     }
 }
 
-/// The cache a spec was made for, as the spec and `attend` need it. Each cache
-/// module implements it for its Python class, so this module names neither and
-/// the bindings' module dependencies point one way.
+/// The cache a spec was made for, as the spec and `attend` need it. `pools`
+/// implements it for both Python cache classes, so this module names neither
+/// and the bindings' module dependencies point one way.
 pub trait SpecOwner: Send + Sync {
     /// The cache's step generation now (None while it is mutably borrowed).
     fn generation(&self, py: Python<'_>) -> Option<u64>;
@@ -104,14 +104,26 @@ pub struct PyAttendSpec {
     /// The cache that made it: attention checks the step is still open.
     pub owner: Box<dyn SpecOwner>,
     pub generation: u64,
+    #[pyo3(get)]
     pub layer: usize,
+    #[pyo3(get)]
     pub n_kv_heads: usize,
+    #[pyo3(get)]
     pub head_dim: usize,
+    #[pyo3(get)]
     pub slots: usize,
+    /// Slot runs `(start, length)` holding the visible history, oldest first.
+    #[pyo3(get)]
     pub read: Vec<(usize, usize)>,
+    #[pyo3(get)]
     pub read_base_pos: usize,
+    /// Logical position of each query token.
+    #[pyo3(get)]
     pub positions: Vec<usize>,
+    /// "none" | "causal" | "window" (sequence steps), "explicit" (cell steps).
+    #[pyo3(get)]
     pub mask_kind: &'static str,
+    #[pyo3(get)]
     pub window: Option<usize>,
     pub k_buf: Arc<Buffer>,
     pub v_buf: Arc<Buffer>,
@@ -120,15 +132,46 @@ pub struct PyAttendSpec {
 }
 
 impl PyAttendSpec {
+    /// A cell step's spec (mask "explicit", one read run over the read
+    /// extent) from the core spec of `layer`; a sequence step's replaces the
+    /// read runs and the mask kind.
+    fn from_core(
+        owner: Box<dyn SpecOwner>,
+        generation: u64,
+        layer: usize,
+        spec: &AttendSpec<'_>,
+        (k_buf, v_buf): (Arc<Buffer>, Arc<Buffer>),
+        window: Option<usize>,
+    ) -> Self {
+        PyAttendSpec {
+            owner,
+            generation,
+            layer,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            slots: spec.slots,
+            read: Vec::new(),
+            read_base_pos: 0,
+            positions: spec.positions.to_vec(),
+            mask_kind: "explicit",
+            window,
+            k_buf,
+            v_buf,
+            k_dtype: spec.k.dtype,
+            v_dtype: spec.v.dtype,
+        }
+    }
+
     pub fn from_seq(
         owner: Box<dyn SpecOwner>,
         cache: &KvSequenceCache,
         layer: usize,
     ) -> PyResult<Self> {
         let spec = cache.spec(layer).py_err()?;
-        let pool = cache.pool(layer).py_err()?;
         let plan = cache.plan(layer).py_err()?;
-        let (k_buf, v_buf) = pool.buffers();
+        let buffers = cache.pool(layer).py_err()?.buffers();
+        let gen = cache.generation();
+        let base = Self::from_core(owner, gen, layer, &spec, buffers, plan.window());
         let (read, read_base_pos) = match spec.keys {
             KeyLayout::Runs {
                 read,
@@ -141,21 +184,10 @@ impl PyAttendSpec {
             KeyLayout::Cells { .. } => (Vec::new(), 0),
         };
         Ok(PyAttendSpec {
-            owner,
-            generation: cache.generation(),
-            layer,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            slots: spec.slots,
             read,
             read_base_pos,
-            positions: spec.positions.to_vec(),
             mask_kind: plan.mask.name(),
-            window: plan.window(),
-            k_buf,
-            v_buf,
-            k_dtype: spec.k.dtype,
-            v_dtype: spec.v.dtype,
+            ..base
         })
     }
 
@@ -166,23 +198,12 @@ impl PyAttendSpec {
     ) -> PyResult<Self> {
         let spec = cache.spec(layer).py_err()?;
         let plan = cache.plan(layer).py_err()?;
-        let (k_buf, v_buf) = cache.pool(layer).py_err()?.buffers();
+        let buffers = cache.pool(layer).py_err()?.buffers();
+        let gen = cache.generation();
+        let base = Self::from_core(owner, gen, layer, &spec, buffers, plan.window());
         Ok(PyAttendSpec {
-            owner,
-            generation: cache.generation(),
-            layer,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            slots: spec.slots,
             read: vec![(0, plan.read_len())],
-            read_base_pos: 0,
-            positions: spec.positions.to_vec(),
-            mask_kind: "explicit",
-            window: plan.window(),
-            k_buf,
-            v_buf,
-            k_dtype: spec.k.dtype,
-            v_dtype: spec.v.dtype,
+            ..base
         })
     }
 }
@@ -219,45 +240,6 @@ impl PyAttendSpec {
     #[getter]
     fn v_dtype(&self) -> &'static str {
         self.v_dtype.name()
-    }
-    #[getter]
-    fn slots(&self) -> usize {
-        self.slots
-    }
-    #[getter]
-    fn layer(&self) -> usize {
-        self.layer
-    }
-    #[getter]
-    fn n_kv_heads(&self) -> usize {
-        self.n_kv_heads
-    }
-    #[getter]
-    fn head_dim(&self) -> usize {
-        self.head_dim
-    }
-    /// Slot runs `(start, length)` holding the visible history, oldest first.
-    #[getter]
-    fn read(&self) -> Vec<(usize, usize)> {
-        self.read.clone()
-    }
-    #[getter]
-    fn read_base_pos(&self) -> usize {
-        self.read_base_pos
-    }
-    /// Logical position of each query token.
-    #[getter]
-    fn positions(&self) -> Vec<usize> {
-        self.positions.clone()
-    }
-    /// "none" | "causal" | "window" (sequence steps), "explicit" (cell steps).
-    #[getter]
-    fn mask_kind(&self) -> &'static str {
-        self.mask_kind
-    }
-    #[getter]
-    fn window(&self) -> Option<usize> {
-        self.window
     }
     /// Cell steps: the dense bool mask `[T, read_len]` (built on first request,
     /// `StepError` once the step closed). Sequence steps: `None` (their mask is
