@@ -1,7 +1,7 @@
 //! `CellCache` (bookkeeping) and `KvCellCache` (plus pools), their batch and
 //! planner faces, and `CellStepPlan`.
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::{PyArray1, PyArrayMethods};
 use offgraph_kv::{CellCache, KvCellCache, SeqId};
 use pyo3::prelude::*;
 
@@ -9,7 +9,7 @@ use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, ErrorClass, IntoPy};
 use crate::faces::face;
-use crate::pools::{either, read_kv, write_kv, CacheClass, Inner};
+use crate::pools::{either, read_kv, write_kv, Inner};
 use crate::skeleton::{cache_methods, kv_methods};
 
 /// The state behind a Python cell cache: bookkeeping only, or with pools.
@@ -80,6 +80,17 @@ fn sizes(
     Ok((n_cells, n_seq_max))
 }
 
+/// The fields of a cell cache's repr.
+fn describe(c: &CellCache) -> String {
+    format!(
+        "capacity={}, free_cells={}, live_seqs={:?}, step_open={}",
+        c.capacity(),
+        c.free_cells(),
+        c.live_seqs(),
+        c.step_open()
+    )
+}
+
 fn runs_py(runs: &[offgraph_kv::Run]) -> Vec<(usize, usize)> {
     runs.iter().map(|r| (r.start, r.len)).collect()
 }
@@ -106,7 +117,8 @@ pub struct PyCellCache {
 // borrow conflict is a `StepError`, never PyO3's `RuntimeError` or a panic.
 // Arguments are converted before the borrow.
 cache_methods! {
-    PyCellCache(cells);
+    PyCellCache(cells): CellCache, KvCellCache;
+    spec_exclusive = true, dense_mask = Some(dense_mask_py), repr = describe;
     /// The runner's face: the sequence verbs and the step gate. The face
     /// holds a reference: it keeps the cache alive.
     control -> CellControl;
@@ -191,44 +203,6 @@ cache_methods! {
         let pos = index_list(positions, "positions")?;
         let mut this = borrow_mut(slf, "begin_step")?;
         either!(&mut this.inner, c => c.begin_step(&ids, &pos)).py_err()
-    }
-    fn __repr__(slf: &Bound<'_, Self>) -> String {
-        crate::pools::repr(slf, |this: &Self| {
-            let c = this.inner.cells();
-            format!(
-                "capacity={}, free_cells={}, live_seqs={:?}, step_open={}",
-                c.capacity(),
-                c.free_cells(),
-                c.live_seqs(),
-                c.step_open()
-            )
-        })
-    }
-}
-
-impl CacheClass for PyCellCache {
-    type Plain = CellCache;
-    type Kv = KvCellCache;
-    const PLAIN_KIND: &'static str = "CellCache";
-    const KV_KIND: &'static str = "KvCellCache";
-    const SPEC_EXCLUSIVE: bool = true;
-    fn inner(&self) -> &CellInner {
-        &self.inner
-    }
-    fn inner_mut(&mut self) -> &mut CellInner {
-        &mut self.inner
-    }
-    fn generation(&self) -> u64 {
-        self.inner.cells().generation()
-    }
-    fn dense_mask(
-        owner: &Py<Self>,
-        py: Python<'_>,
-        generation: u64,
-        layer: usize,
-    ) -> PyResult<Option<Py<PyAny>>> {
-        let m = dense_mask_py(py, owner, generation, layer)?;
-        Ok(Some(m.into_any().unbind()))
     }
 }
 
@@ -367,12 +341,12 @@ fn stale(layer: usize) -> PyErr {
 }
 
 /// The dense `[T, read_len]` bool mask of `layer` for the open step of `owner`.
-pub fn dense_mask_py<'py>(
-    py: Python<'py>,
+pub fn dense_mask_py(
     owner: &Py<PyCellCache>,
+    py: Python<'_>,
     generation: u64,
     layer: usize,
-) -> PyResult<Bound<'py, PyArray2<bool>>> {
+) -> PyResult<Py<PyAny>> {
     let mut c = borrow_mut(owner.bind(py), "mask")?;
     if c.inner.cells().generation() != generation {
         return Err(stale(layer));
@@ -383,7 +357,8 @@ pub fn dense_mask_py<'py>(
     };
     let bytes = c.inner.dense_mask(layer).py_err()?;
     let flat: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
-    PyArray1::from_vec(py, flat).reshape([t, read_len])
+    let mask = PyArray1::from_vec(py, flat).reshape([t, read_len])?;
+    Ok(mask.into_any().unbind())
 }
 
 #[pymethods]
@@ -399,8 +374,8 @@ impl PyCellStepPlan {
     }
     /// bool `[T, read_len]`: token i sees cell j.
     #[getter]
-    fn mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<bool>>> {
-        dense_mask_py(py, &self.owner, self.generation, self.layer)
+    fn mask(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        dense_mask_py(&self.owner, py, self.generation, self.layer)
     }
     /// Token i's visible cells as sorted runs `(start, length)`.
     fn visible(&self, py: Python<'_>, i: &Bound<'_, PyAny>) -> PyResult<Vec<(usize, usize)>> {

@@ -63,13 +63,9 @@ pub fn policy_from_py(obj: &Bound<'_, PyAny>) -> PyResult<LayerPolicy> {
             window: r.get().window,
         })
     } else {
-        let tname = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
         Err(dtype_err(format!(
-            "policy: expected offgraph_kv.Flat() or offgraph_kv.Ring(window), got {tname}"
+            "policy: expected offgraph_kv.Flat() or offgraph_kv.Ring(window), got {}",
+            crate::args::type_name(obj)
         )))
     }
 }

@@ -83,15 +83,14 @@ pub trait CacheClass: PyClass<Frozen = False> + Send + Sync {
     fn inner_mut(&mut self) -> &mut Inner<Self::Plain, Self::Kv>;
     /// The step generation of the bookkeeping.
     fn generation(&self) -> u64;
-    /// The dense bool mask of `layer` for step `generation`; None for a cache
-    /// whose mask is analytic.
-    fn dense_mask(
-        owner: &Py<Self>,
-        py: Python<'_>,
-        generation: u64,
-        layer: usize,
-    ) -> PyResult<Option<Py<PyAny>>>;
+    /// The dense bool mask of a step's layer; None for a cache whose mask is
+    /// analytic.
+    const DENSE_MASK: Option<MaskFn<Self>>;
 }
+
+/// `(owner, py, generation, layer)`: the dense bool mask of `layer` for step
+/// `generation` of `owner`.
+pub type MaskFn<C> = fn(&Py<C>, Python<'_>, u64, usize) -> PyResult<Py<PyAny>>;
 
 impl<C: CacheClass> SpecOwner for Py<C> {
     fn generation(&self, py: Python<'_>) -> Option<u64> {
@@ -103,7 +102,9 @@ impl<C: CacheClass> SpecOwner for Py<C> {
         generation: u64,
         layer: usize,
     ) -> PyResult<Option<Py<PyAny>>> {
-        C::dense_mask(self, py, generation, layer)
+        C::DENSE_MASK
+            .map(|mask| mask(self, py, generation, layer))
+            .transpose()
     }
     fn with_core_spec(
         &self,
@@ -219,7 +220,7 @@ pub trait KvPools {
 }
 
 macro_rules! kv_pools {
-    ($cache:ty, $py_spec:path, |$c:ident, $l:ident| $tokens:expr) => {
+    ($cache:ty, $finish:ident, |$c:ident, $l:ident| $tokens:expr) => {
         impl KvPools for $cache {
             fn layer_config(&self, layer: usize) -> Result<LayerConfig> {
                 Ok(*self.config().layer(layer)?)
@@ -247,18 +248,19 @@ macro_rules! kv_pools {
                 self.spec(layer)
             }
             fn py_spec(&self, owner: Box<dyn SpecOwner>, layer: usize) -> PyResult<PyAttendSpec> {
-                $py_spec(owner, self, layer)
+                let spec = self.spec(layer).py_err()?;
+                let plan = self.plan(layer).py_err()?;
+                let buffers = self.pool(layer).py_err()?.buffers();
+                let gen = self.generation();
+                let base = PyAttendSpec::new(owner, gen, layer, &spec, buffers, plan.window());
+                Ok(base.$finish(&spec, &plan))
             }
         }
     };
 }
 
-kv_pools!(KvSequenceCache, PyAttendSpec::from_seq, |c, l| c
-    .plan(l)?
-    .n_tokens);
-kv_pools!(KvCellCache, PyAttendSpec::from_cells, |c, l| c
-    .plan(l)?
-    .n_tokens());
+kv_pools!(KvSequenceCache, for_seq, |c, l| c.plan(l)?.n_tokens);
+kv_pools!(KvCellCache, for_cells, |c, l| c.plan(l)?.n_tokens());
 
 /// `update(layer, k, v, *, bits=None)`'s arguments, converted before any borrow.
 fn update_args(

@@ -8,7 +8,7 @@ use crate::args::index;
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, IntoPy};
 use crate::faces::face;
-use crate::pools::{either, read_kv, write_kv, CacheClass, Inner};
+use crate::pools::{either, read_kv, write_kv, Inner};
 use crate::skeleton::{cache_methods, kv_methods};
 
 /// The state behind a Python sequence cache: bookkeeping only, or with pools.
@@ -41,6 +41,17 @@ fn write<R>(
     f(&mut borrow_mut(slf, what)?.inner).py_err()
 }
 
+/// The fields of a sequence cache's repr.
+fn describe(s: &SequenceCache) -> String {
+    format!(
+        "length={}, capacity={}, n_layers={}, step_open={}",
+        s.length(),
+        s.capacity(),
+        s.config().n_layers,
+        s.step_open()
+    )
+}
+
 fn runs_list(r: &Runs) -> Vec<(usize, usize)> {
     r.as_slice().iter().map(|r| (r.start, r.len)).collect()
 }
@@ -68,7 +79,8 @@ pub struct PySequenceCache {
 // Arguments are converted before the borrow: Python code they run (an
 // `__index__`) never sees the cache mid-call.
 cache_methods! {
-    PySequenceCache(seq);
+    PySequenceCache(seq): SequenceCache, KvSequenceCache;
+    spec_exclusive = false, dense_mask = None, repr = describe;
     /// The runner's face: length, capacity, can_extend, begin_step, rewind, clear.
     /// The face holds a reference: it keeps the cache alive.
     control -> SequenceControl;
@@ -131,41 +143,8 @@ cache_methods! {
             .py_err()?;
         Ok(runs_list(&runs))
     }
-    fn __repr__(slf: &Bound<'_, Self>) -> String {
-        crate::pools::repr(slf, |this: &Self| {
-            let s = this.inner.seq();
-            format!(
-                "length={}, capacity={}, n_layers={}, step_open={}",
-                s.length(),
-                s.capacity(),
-                s.config().n_layers,
-                s.step_open()
-            )
-        })
-    }
     fn __len__(slf: &Bound<'_, Self>) -> PyResult<usize> {
         Ok(borrow(slf, "len")?.inner.seq().length())
-    }
-}
-
-impl CacheClass for PySequenceCache {
-    type Plain = SequenceCache;
-    type Kv = KvSequenceCache;
-    const PLAIN_KIND: &'static str = "SequenceCache";
-    const KV_KIND: &'static str = "KvSequenceCache";
-    const SPEC_EXCLUSIVE: bool = false;
-    fn inner(&self) -> &SeqInner {
-        &self.inner
-    }
-    fn inner_mut(&mut self) -> &mut SeqInner {
-        &mut self.inner
-    }
-    fn generation(&self) -> u64 {
-        self.inner.seq().generation()
-    }
-    /// A sequence step's mask is analytic (`mask_kind`, `window`).
-    fn dense_mask(_: &Py<Self>, _: Python<'_>, _: u64, _: usize) -> PyResult<Option<Py<PyAny>>> {
-        Ok(None)
     }
 }
 

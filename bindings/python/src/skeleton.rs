@@ -3,16 +3,19 @@
 //! subclasses. Each writes the class's one `#[pymethods]` block, with the
 //! class's own methods passed through as written.
 
-/// `#[pymethods]` for a base cache class whose `inner.$core()` is the
-/// bookkeeping cache: `control()` and `planner()` (the face classes, with the
-/// docs given), the `config` getter, `can_extend(n=None)`, `clear()`, each
+/// The `CacheClass` impl of a base cache class over `Inner<Plain, Kv>` (the
+/// Python classes are named as the core types: `CellCache`, `KvCellCache`),
+/// and its `#[pymethods]`, `inner.$core()` being the bookkeeping cache:
+/// `control()` and `planner()` (the face classes, with the docs given),
+/// `__repr__` as `Kind(<$repr of the bookkeeping>)`, the `config` getter, `can_extend(n=None)`, `clear()`, each
 /// `get` entry as a getter forwarded to the bookkeeping cache, each `call`
 /// entry `fn name(arg: convert, ...) -> R = how` as
 /// `how(slf, "name", |c| c.name(args))` after converting each argument with
 /// `convert(arg, "arg")`, and then the class's own methods.
 macro_rules! cache_methods {
     (
-        $class:ident($core:ident);
+        $class:ident($core:ident): $plain:ident, $kv:ident;
+        spec_exclusive = $exclusive:literal, dense_mask = $mask:expr, repr = $repr:path;
         $(#[$control_doc:meta])* control -> $control:ident;
         $(#[$planner_doc:meta])* planner -> $planner:ident;
         get { $( $(#[$get_doc:meta])* $get:ident: $get_ty:ty, )* }
@@ -22,6 +25,24 @@ macro_rules! cache_methods {
         )* }
         $($items:tt)*
     ) => {
+        impl crate::pools::CacheClass for $class {
+            type Plain = $plain;
+            type Kv = $kv;
+            const PLAIN_KIND: &'static str = stringify!($plain);
+            const KV_KIND: &'static str = stringify!($kv);
+            const SPEC_EXCLUSIVE: bool = $exclusive;
+            fn inner(&self) -> &crate::pools::Inner<$plain, $kv> {
+                &self.inner
+            }
+            fn inner_mut(&mut self) -> &mut crate::pools::Inner<$plain, $kv> {
+                &mut self.inner
+            }
+            fn generation(&self) -> u64 {
+                self.inner.$core().generation()
+            }
+            const DENSE_MASK: Option<crate::pools::MaskFn<Self>> = $mask;
+        }
+
         #[pyo3::pymethods]
         impl $class {
             $(#[$control_doc])*
@@ -41,6 +62,9 @@ macro_rules! cache_methods {
             fn can_extend(slf: &Bound<'_, Self>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
                 let n = crate::args::opt_index(n, "n")?.unwrap_or(1);
                 Ok(crate::errors::borrow(slf, "can_extend")?.inner.$core().can_extend(n))
+            }
+            fn __repr__(slf: &Bound<'_, Self>) -> String {
+                crate::pools::repr(slf, |this: &Self| $repr(this.inner.$core()))
             }
             fn clear(slf: &Bound<'_, Self>) -> PyResult<()> {
                 crate::errors::borrow_mut(slf, "clear")?.inner.clear();

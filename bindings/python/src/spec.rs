@@ -12,10 +12,8 @@ use std::sync::Arc;
 use numpy::ndarray::ArrayView3;
 use numpy::PyArray3;
 use offgraph_kv::kv::Buffer;
-use offgraph_kv::{AttendSpec, KeyLayout, KvCellCache, KvDtype, KvSequenceCache};
+use offgraph_kv::{AttendSpec, CellStepPlan, KeyLayout, KvDtype, SeqStepPlan};
 use pyo3::prelude::*;
-
-use crate::errors::IntoPy;
 
 /// Keeps a pool buffer alive for the numpy views based on it.
 #[pyclass(module = "offgraph_kv", frozen)]
@@ -132,10 +130,10 @@ pub struct PyAttendSpec {
 }
 
 impl PyAttendSpec {
-    /// A cell step's spec (mask "explicit", one read run over the read
-    /// extent) from the core spec of `layer`; a sequence step's replaces the
-    /// read runs and the mask kind.
-    fn from_core(
+    /// The spec of `layer` for step `generation`, from the core spec, the
+    /// pool buffers and the layer's window. It reads as a cell step's (mask
+    /// "explicit", no read runs): `for_seq` and `for_cells` finish it.
+    pub fn new(
         owner: Box<dyn SpecOwner>,
         generation: u64,
         layer: usize,
@@ -162,49 +160,43 @@ impl PyAttendSpec {
         }
     }
 
-    pub fn from_seq(
-        owner: Box<dyn SpecOwner>,
-        cache: &KvSequenceCache,
-        layer: usize,
-    ) -> PyResult<Self> {
-        let spec = cache.spec(layer).py_err()?;
-        let plan = cache.plan(layer).py_err()?;
-        let buffers = cache.pool(layer).py_err()?.buffers();
-        let gen = cache.generation();
-        let base = Self::from_core(owner, gen, layer, &spec, buffers, plan.window());
-        let (read, read_base_pos) = match spec.keys {
+    /// A sequence step's spec: its read runs and its analytic mask.
+    pub fn for_seq(self, spec: &AttendSpec<'_>, plan: &SeqStepPlan) -> Self {
+        let (read, read_base_pos) = match &spec.keys {
             KeyLayout::Runs {
                 read,
                 read_base_pos,
                 ..
             } => (
                 read.as_slice().iter().map(|r| (r.start, r.len)).collect(),
-                read_base_pos,
+                *read_base_pos,
             ),
             KeyLayout::Cells { .. } => (Vec::new(), 0),
         };
-        Ok(PyAttendSpec {
+        PyAttendSpec {
             read,
             read_base_pos,
             mask_kind: plan.mask.name(),
-            ..base
-        })
+            ..self
+        }
     }
 
-    pub fn from_cells(
-        owner: Box<dyn SpecOwner>,
-        cache: &KvCellCache,
-        layer: usize,
-    ) -> PyResult<Self> {
-        let spec = cache.spec(layer).py_err()?;
-        let plan = cache.plan(layer).py_err()?;
-        let buffers = cache.pool(layer).py_err()?.buffers();
-        let gen = cache.generation();
-        let base = Self::from_core(owner, gen, layer, &spec, buffers, plan.window());
-        Ok(PyAttendSpec {
+    /// A view of the K or V pool, `[n_kv_heads, slots, head_dim]` rows of `dtype`.
+    fn pool_view<'py>(
+        &self,
+        py: Python<'py>,
+        buf: &Arc<Buffer>,
+        dtype: KvDtype,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        view(py, buf, dtype, (self.n_kv_heads, self.slots, self.head_dim))
+    }
+
+    /// A cell step's spec: one read run over the read extent.
+    pub fn for_cells(self, _: &AttendSpec<'_>, plan: &CellStepPlan<'_>) -> Self {
+        PyAttendSpec {
             read: vec![(0, plan.read_len())],
-            ..base
-        })
+            ..self
+        }
     }
 }
 
@@ -214,22 +206,12 @@ impl PyAttendSpec {
     /// dtype (q8_0: uint8 blocks `[n_kv_heads, slots, head_dim / 32 * 34]`).
     #[getter]
     fn k<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        view(
-            py,
-            &self.k_buf,
-            self.k_dtype,
-            (self.n_kv_heads, self.slots, self.head_dim),
-        )
+        self.pool_view(py, &self.k_buf, self.k_dtype)
     }
     /// Read-only view of the V pool (see `k`).
     #[getter]
     fn v<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        view(
-            py,
-            &self.v_buf,
-            self.v_dtype,
-            (self.n_kv_heads, self.slots, self.head_dim),
-        )
+        self.pool_view(py, &self.v_buf, self.v_dtype)
     }
     /// The K pool's storage type name.
     #[getter]
