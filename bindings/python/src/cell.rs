@@ -9,8 +9,8 @@ use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, ErrorClass, IntoPy};
 use crate::faces::face;
-use crate::pools::{either, read_kv, write_kv, Inner};
-use crate::skeleton::{cache_methods, kv_methods};
+use crate::pools::{either, Inner};
+use crate::skeleton::{cache_methods, kv_methods, read_kv, write_kv};
 
 /// The state behind a Python cell cache: bookkeeping only, or with pools.
 pub type CellInner = Inner<CellCache, KvCellCache>;

@@ -1,15 +1,13 @@
-//! What the sequence and cell cache classes share: the Plain/Kv state behind
-//! each, what a spec needs of either class (`CacheClass`), and the pool verbs
-//! (`update`, `spec`, `nbytes`, `pool_slots`) of their Kv subclasses over
-//! either core cache.
+//! What the sequence and cell cache classes are over: the Plain/Kv state
+//! behind each, what the shared methods and a spec need of either class
+//! (`CacheClass`), and the pool verbs both core caches have (`KvPools`).
 
 use offgraph_kv::{AttendSpec, KvCellCache, KvSequenceCache, LayerConfig, Result, RowsIn};
 use pyo3::prelude::*;
 use pyo3::pyclass::boolean_struct::False;
 use pyo3::PyClass;
 
-use crate::args::{index, kv_rows, opt_index, text};
-use crate::errors::{borrow, borrow_mut, ErrorClass, IntoPy};
+use crate::errors::{borrow, ErrorClass, IntoPy};
 use crate::spec::{PyAttendSpec, SpecOwner};
 
 /// The state behind a Python cache: bookkeeping only (`P`), or with pools (`K`).
@@ -120,90 +118,6 @@ impl<C: CacheClass> SpecOwner for Py<C> {
     }
 }
 
-/// `Kind(<fields>)`, the kind being the cache's class; `Kind(<in use>)`
-/// while another call holds the cache exclusively.
-pub fn repr<C: CacheClass>(slf: &Bound<'_, C>, fields: impl FnOnce(&C) -> String) -> String {
-    let Ok(this) = slf.try_borrow() else {
-        return format!("{}(<in use>)", C::PLAIN_KIND);
-    };
-    let kind = match this.inner() {
-        Inner::Plain(_) => C::PLAIN_KIND,
-        Inner::Kv(_) => C::KV_KIND,
-    };
-    format!("{kind}({})", fields(&this))
-}
-
-/// Runs `f` on the pools of `base`, borrowed shared (`what` names the call
-/// in the refusal of a busy or bookkeeping-only cache).
-pub fn read_kv<C: CacheClass, R>(
-    base: &Bound<'_, C>,
-    what: &str,
-    f: impl FnOnce(&C::Kv) -> Result<R>,
-) -> PyResult<R> {
-    f(borrow(base, what)?.inner().kv(C::KV_KIND)?).py_err()
-}
-
-/// Runs `f` on the pools of `base`, borrowed exclusively.
-pub fn write_kv<C: CacheClass, R>(
-    base: &Bound<'_, C>,
-    what: &str,
-    f: impl FnOnce(&mut C::Kv) -> Result<R>,
-) -> PyResult<R> {
-    f(borrow_mut(base, what)?.inner_mut().kv_mut(C::KV_KIND)?).py_err()
-}
-
-/// `update(layer, k, v, *, bits=None)`: writes the open step's rows of
-/// `layer` and returns its spec; a refused call writes nothing.
-pub fn update<C: CacheClass>(
-    base: &Bound<'_, C>,
-    layer: &Bound<'_, PyAny>,
-    k: &Bound<'_, PyAny>,
-    v: &Bound<'_, PyAny>,
-    bits: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyAttendSpec> {
-    let (layer, bits) = update_args(layer, bits)?;
-    let owner = Box::new(base.clone().unbind());
-    let mut this = borrow_mut(base, "update")?;
-    let cache = this.inner_mut().kv_mut(C::KV_KIND)?;
-    write_step(cache, layer, k, v, bits.as_deref())?;
-    cache.py_spec(owner, layer)
-}
-
-/// `spec(layer)`: the open step's spec for `layer`, without writing.
-pub fn spec<C: CacheClass>(
-    base: &Bound<'_, C>,
-    layer: &Bound<'_, PyAny>,
-) -> PyResult<PyAttendSpec> {
-    let layer = index(layer, "layer")?;
-    let owner = Box::new(base.clone().unbind());
-    if C::SPEC_EXCLUSIVE {
-        borrow_mut(base, "spec")?
-            .inner()
-            .kv(C::KV_KIND)?
-            .py_spec(owner, layer)
-    } else {
-        borrow(base, "spec")?
-            .inner()
-            .kv(C::KV_KIND)?
-            .py_spec(owner, layer)
-    }
-}
-
-/// `nbytes(layer=None)`: bytes of one layer's pools, or of all.
-pub fn nbytes<C: CacheClass>(
-    base: &Bound<'_, C>,
-    layer: Option<&Bound<'_, PyAny>>,
-) -> PyResult<usize> {
-    let layer = opt_index(layer, "layer")?;
-    read_kv(base, "nbytes", |c| c.pool_bytes(layer))
-}
-
-/// `pool_slots(layer)`: slots the pool of `layer` has now.
-pub fn pool_slots<C: CacheClass>(base: &Bound<'_, C>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let layer = index(layer, "layer")?;
-    read_kv(base, "pool_slots", |c| c.slots(layer))
-}
-
 /// The pool verbs both core caches have, under one name each.
 pub trait KvPools {
     fn layer_config(&self, layer: usize) -> Result<LayerConfig>;
@@ -261,31 +175,3 @@ macro_rules! kv_pools {
 
 kv_pools!(KvSequenceCache, for_seq, |c, l| c.plan(l)?.n_tokens);
 kv_pools!(KvCellCache, for_cells, |c, l| c.plan(l)?.n_tokens());
-
-/// `update(layer, k, v, *, bits=None)`'s arguments, converted before any borrow.
-fn update_args(
-    layer: &Bound<'_, PyAny>,
-    bits: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(usize, Option<String>)> {
-    let layer = index(layer, "layer")?;
-    let bits = match bits.filter(|b| !b.is_none()) {
-        Some(b) => Some(text(b, "bits")?),
-        None => None,
-    };
-    Ok((layer, bits))
-}
-
-/// Converts `k`, `v` for the open step of `layer` and writes them; a refused
-/// call writes nothing.
-fn write_step<C: KvPools>(
-    cache: &mut C,
-    layer: usize,
-    k: &Bound<'_, PyAny>,
-    v: &Bound<'_, PyAny>,
-    bits: Option<&str>,
-) -> PyResult<()> {
-    let tokens = cache.step_tokens(layer).py_err()?;
-    let l = cache.layer_config(layer).py_err()?;
-    let (kb, vb) = kv_rows(k, v, &l, tokens, bits)?;
-    cache.put_rows(layer, kb.as_rows(), vb.as_rows()).py_err()
-}

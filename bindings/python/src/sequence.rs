@@ -8,8 +8,8 @@ use crate::args::index;
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, IntoPy};
 use crate::faces::face;
-use crate::pools::{either, read_kv, write_kv, Inner};
-use crate::skeleton::{cache_methods, kv_methods};
+use crate::pools::{either, Inner};
+use crate::skeleton::{cache_methods, kv_methods, read_kv, write_kv};
 
 /// The state behind a Python sequence cache: bookkeeping only, or with pools.
 pub type SeqInner = Inner<SequenceCache, KvSequenceCache>;
