@@ -191,7 +191,8 @@ impl PyAttendSpec {
         view(py, buf, dtype, (self.n_kv_heads, self.slots, self.head_dim))
     }
 
-    /// A cell step's spec: one read run over the read extent.
+    /// A cell step's spec: one read run over the read extent (the core spec's
+    /// keys add nothing: the mask says which cells each token sees).
     pub fn for_cells(self, _: &AttendSpec<'_>, plan: &CellStepPlan<'_>) -> Self {
         PyAttendSpec {
             read: vec![(0, plan.read_len())],
