@@ -22,11 +22,7 @@ pub fn index_with(obj: &Bound<'_, PyAny>, what: &str, err: fn(String) -> PyErr) 
                 return index_with(&i, what, err);
             }
         }
-        let tname = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
+        let tname = type_name(obj);
         return Err(dtype_err(format!("{what}: expected an int, got {tname}")));
     }
     match obj.extract::<i64>() {
@@ -54,12 +50,10 @@ pub fn index_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<usize>> {
         )));
     }
     let iter = obj.try_iter().map_err(|_| {
-        let tname = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
-        dtype_err(format!("{what}: expected a sequence of ints, got {tname}"))
+        dtype_err(format!(
+            "{what}: expected a sequence of ints, got {}",
+            type_name(obj)
+        ))
     })?;
     let mut out = Vec::new();
     for (i, item) in iter.enumerate() {
@@ -79,20 +73,7 @@ pub fn f32_rows(
     tokens: Option<usize>,
     out: &mut Vec<f32>,
 ) -> PyResult<usize> {
-    let arr = obj.cast::<PyUntypedArray>().map_err(|_| {
-        let tname = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
-        dtype_err(format!(
-            "{what}: expected a float32 numpy array, got {tname}"
-        ))
-    })?;
-    let dtype = arr.dtype();
-    let arr = arr
-        .cast::<PyArrayDyn<f32>>()
-        .map_err(|_| dtype_err(format!("{what}: expected dtype float32, got {dtype}")))?;
+    let arr = f32_array(obj, what)?;
     let shape = arr.shape().to_vec();
     let core: &[usize] = match shape.as_slice() {
         [1, rest @ ..] if rest.len() == 3 => rest,
@@ -113,18 +94,56 @@ pub fn f32_rows(
             "{what}: expected shape [{heads}, {want_t}, {dim}], got {shape:?}"
         )));
     }
+    copy_c_order(&arr, what, out)?;
+    Ok(t)
+}
+
+/// A float32 numpy array named `what`, of any shape: a non-array or another
+/// dtype is `DTypeError`.
+pub fn f32_array<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let arr = obj.cast::<PyUntypedArray>().map_err(|_| {
+        dtype_err(format!(
+            "{what}: expected a float32 numpy array, got {}",
+            type_name(obj)
+        ))
+    })?;
+    let dtype = arr.dtype();
+    arr.cast::<PyArrayDyn<f32>>()
+        .cloned()
+        .map_err(|_| dtype_err(format!("{what}: expected dtype float32, got {dtype}")))
+}
+
+/// Applies `f` to `arr`'s values in logical (C) order: the array's own memory
+/// when it is C-contiguous, else a copy. `as_slice` also accepts
+/// Fortran-contiguous arrays, whose memory order is not the logical order.
+pub fn with_c_order<T: numpy::Element + Copy, R>(
+    arr: &Bound<'_, PyArrayDyn<T>>,
+    what: &str,
+    f: impl FnOnce(&[T]) -> R,
+) -> PyResult<R> {
     let ro = arr
         .try_readonly()
-        .map_err(|e| crate::errors::invalid_arg(format!("{what}: {e}")))?;
-    out.clear();
-    // `as_slice` also accepts Fortran-contiguous arrays, whose memory order
-    // is not the logical C order: only a C-contiguous array is one memcpy.
-    match ro.as_slice() {
-        Ok(s) if arr.is_c_contiguous() => out.extend_from_slice(s),
-        // Fortran order, non-contiguous or negative strides: copy in logical order.
-        _ => out.extend(ro.as_array().iter().copied()),
-    }
-    Ok(t)
+        .map_err(|e| invalid_arg(format!("{what}: {e}")))?;
+    Ok(match ro.as_slice() {
+        Ok(s) if arr.is_c_contiguous() => f(s),
+        // Fortran order, non-contiguous or negative strides.
+        _ => f(&ro.as_array().iter().copied().collect::<Vec<T>>()),
+    })
+}
+
+/// `arr`'s values copied into `out` in logical (C) order.
+fn copy_c_order<T: numpy::Element + Copy>(
+    arr: &Bound<'_, PyArrayDyn<T>>,
+    what: &str,
+    out: &mut Vec<T>,
+) -> PyResult<()> {
+    with_c_order(arr, what, |s| {
+        out.clear();
+        out.extend_from_slice(s);
+    })
 }
 
 /// A step's new rows, copied out of the caller's array in its own type.
@@ -223,15 +242,7 @@ fn u16_rows(
             "{what}: expected shape [{heads}, {tokens}, {dim}], got {shape:?}"
         )));
     }
-    let ro = arr
-        .try_readonly()
-        .map_err(|e| invalid_arg(format!("{what}: {e}")))?;
-    out.clear();
-    match ro.as_slice() {
-        Ok(s) if arr.is_c_contiguous() => out.extend_from_slice(s),
-        _ => out.extend(ro.as_array().iter().copied()),
-    }
-    Ok(())
+    copy_c_order(arr, what, out)
 }
 
 /// A step's new K and V rows for a layer of `layer` geometry and `tokens`
@@ -257,7 +268,8 @@ pub fn py_opt(v: Option<usize>) -> String {
     v.map_or("None".to_string(), |v| v.to_string())
 }
 
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+/// The Python type name of `obj`, for error messages.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map(|n| n.to_string())

@@ -1,12 +1,12 @@
 //! `attend(q, spec, scale=None, threads=None, backend="auto")`: pooled
 //! attention over a spec's pools, with the GIL released while it computes.
 
-use numpy::{PyArray3, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray3, PyArrayMethods, PyUntypedArrayMethods};
 use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
 use pyo3::prelude::*;
 
-use crate::args::{opt_index, real, text};
-use crate::errors::{dtype_err, invalid_arg, shape_err, ErrorClass, IntoPy};
+use crate::args::{f32_array, opt_index, real, text, with_c_order};
+use crate::errors::{invalid_arg, shape_err, ErrorClass, IntoPy};
 use crate::spec::PyAttendSpec;
 
 fn stale(spec: &PyAttendSpec) -> PyErr {
@@ -54,18 +54,7 @@ pub fn attend<'py>(
         }
     }
     // q: float32, rank 3 (or 4 with a batch of 1), C-contiguous or copied.
-    let arr = q.cast::<PyUntypedArray>().map_err(|_| {
-        let tname = q
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
-        dtype_err(format!("q: expected a float32 numpy array, got {tname}"))
-    })?;
-    let dtype = arr.dtype();
-    let arr = arr
-        .cast::<numpy::PyArrayDyn<f32>>()
-        .map_err(|_| dtype_err(format!("q: expected dtype float32, got {dtype}")))?;
+    let arr = f32_array(q, "q")?;
     let shape = arr.shape().to_vec();
     let q_shape: [usize; 3] = match shape.as_slice() {
         [1, h, t, d] | [h, t, d] => [*h, *t, *d],
@@ -73,18 +62,6 @@ pub fn attend<'py>(
             return Err(shape_err(format!(
                 "q: expected shape [n_q_heads, T, head_dim], got {s:?}"
             )))
-        }
-    };
-    let ro = arr
-        .try_readonly()
-        .map_err(|e| invalid_arg(format!("q: {e}")))?;
-    let owned;
-    // `as_slice` also accepts Fortran order (not the logical C order).
-    let q_data: &[f32] = match ro.as_slice() {
-        Ok(s) if arr.is_c_contiguous() => s,
-        _ => {
-            owned = ro.as_array().iter().copied().collect::<Vec<f32>>();
-            &owned
         }
     };
     let opts = AttendOptions {
@@ -96,12 +73,13 @@ pub fn attend<'py>(
     let out = PyArray3::<f32>::zeros(py, q_shape, false);
     // SAFETY: `out` was just created here and no other reference to it exists.
     let out_slice = unsafe { out.as_slice_mut() }.map_err(|e| shape_err(e.to_string()))?;
-    let ran =
+    let ran = with_c_order(&arr, "q", |q_data| {
         spec.owner
             .with_core_spec(py, spec.generation, spec.layer, "attend", &mut |core| {
                 py.detach(|| attend_into(q_data, q_shape, core, &opts, &mut *out_slice))
                     .py_err()
-            })?;
+            })
+    })??;
     if !ran {
         return Err(stale(&spec));
     }

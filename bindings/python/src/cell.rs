@@ -1,21 +1,19 @@
 //! `CellCache` (bookkeeping) and `KvCellCache` (plus pools), their batch and
 //! planner faces, and `CellStepPlan`.
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
-use offgraph_kv::{AttendSpec, CellCache, KvCellCache, SeqId};
+use numpy::{PyArray1, PyArrayMethods};
+use offgraph_kv::{CellCache, KvCellCache, SeqId};
 use pyo3::prelude::*;
 
 use crate::args::{index, index_list, opt_index};
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, ErrorClass, IntoPy};
 use crate::faces::face;
-use crate::pools::{update_args, write_step, Inner, KvPools};
-use crate::spec::{PyAttendSpec, SpecOwner};
+use crate::pools::{either, Inner};
+use crate::skeleton::{cache_methods, kv_methods, read_kv, write_kv};
 
 /// The state behind a Python cell cache: bookkeeping only, or with pools.
 pub type CellInner = Inner<CellCache, KvCellCache>;
-
-const KV_KIND: &str = "KvCellCache";
 
 impl CellInner {
     pub fn cells(&self) -> &CellCache {
@@ -33,6 +31,27 @@ impl CellInner {
     pub fn dense_mask(&mut self, layer: usize) -> offgraph_kv::Result<&[u8]> {
         self.cells_mut().dense_mask(layer)
     }
+    fn clear(&mut self) {
+        self.cells_mut().clear()
+    }
+}
+
+/// Runs `f` on the bookkeeping, borrowed shared.
+fn read<R>(
+    slf: &Bound<'_, PyCellCache>,
+    what: &str,
+    f: impl FnOnce(&CellCache) -> offgraph_kv::Result<R>,
+) -> PyResult<R> {
+    f(borrow(slf, what)?.inner.cells()).py_err()
+}
+
+/// Runs a mutation `f` on the bookkeeping, borrowed exclusively.
+fn write<R>(
+    slf: &Bound<'_, PyCellCache>,
+    what: &str,
+    f: impl FnOnce(&mut CellCache) -> offgraph_kv::Result<R>,
+) -> PyResult<R> {
+    f(borrow_mut(slf, what)?.inner.cells_mut()).py_err()
 }
 
 /// A sequence id from Python: ints beyond `SeqId` cannot be ours.
@@ -61,6 +80,17 @@ fn sizes(
     Ok((n_cells, n_seq_max))
 }
 
+/// The fields of a cell cache's repr.
+fn describe(c: &CellCache) -> String {
+    format!(
+        "capacity={}, free_cells={}, live_seqs={:?}, step_open={}",
+        c.capacity(),
+        c.free_cells(),
+        c.live_seqs(),
+        c.step_open()
+    )
+}
+
 fn runs_py(runs: &[offgraph_kv::Run]) -> Vec<(usize, usize)> {
     runs.iter().map(|r| (r.start, r.len)).collect()
 }
@@ -86,8 +116,34 @@ pub struct PyCellCache {
 // Every method takes `slf: &Bound<Self>` and borrows through `borrow`/`borrow_mut`, so a
 // borrow conflict is a `StepError`, never PyO3's `RuntimeError` or a panic.
 // Arguments are converted before the borrow.
-#[pymethods]
-impl PyCellCache {
+cache_methods! {
+    PyCellCache(cells): CellCache, KvCellCache;
+    spec_exclusive = true, dense_mask = Some(dense_mask_py), repr = describe;
+    /// The runner's face: the sequence verbs and the step gate. The face
+    /// holds a reference: it keeps the cache alive.
+    control -> CellControl;
+    /// The backend's face: plan(layer). It keeps the cache alive.
+    planner -> CellPlanner;
+    get {
+        live_seqs: Vec<SeqId>,
+        free_cells: usize,
+        capacity: usize,
+        n_seq_max: usize,
+        n_tables: usize,
+        step_open: bool,
+    }
+    call {
+        fn seq_new() -> SeqId = write;
+        fn seq_free(seq: seq_id) -> () = write;
+        /// 1 + the highest position `seq` holds (0 when empty).
+        fn next_pos(seq: seq_id) -> usize = read;
+        fn seq_len(seq: seq_id) -> usize = read;
+        /// Free cells of one table (`free_cells` is the tightest table's figure).
+        fn free_cells_in(table: index) -> usize = read;
+        /// Which cell table a layer reads (flat layers: full; ring layers: ring).
+        fn table_of(layer: index) -> usize = read;
+    }
+
     #[new]
     #[pyo3(signature = (cfg, n_cells, n_seq_max=None))]
     fn new(
@@ -102,35 +158,6 @@ impl PyCellCache {
             ),
         })
     }
-
-    /// The runner's face: the sequence verbs and the step gate. The face
-    /// holds a reference: it keeps the cache alive.
-    fn control(slf: Bound<'_, Self>) -> CellControl {
-        CellControl {
-            cache: slf.unbind(),
-        }
-    }
-
-    /// The backend's face: plan(layer). It keeps the cache alive.
-    fn planner(slf: Bound<'_, Self>) -> CellPlanner {
-        CellPlanner {
-            cache: slf.unbind(),
-        }
-    }
-
-    #[getter]
-    fn config(slf: &Bound<'_, Self>) -> PyResult<PyCacheConfig> {
-        Ok(PyCacheConfig {
-            inner: borrow(slf, "config")?.inner.cells().config().clone(),
-        })
-    }
-    fn seq_new(slf: &Bound<'_, Self>) -> PyResult<SeqId> {
-        borrow_mut(slf, "seq_new")?
-            .inner
-            .cells_mut()
-            .seq_new()
-            .py_err()
-    }
     /// A new sequence owning `src`'s cells with position < `upto` (all when
     /// None): sets a bit per cell, copies no K/V.
     #[pyo3(signature = (src, upto=None))]
@@ -141,11 +168,7 @@ impl PyCellCache {
     ) -> PyResult<SeqId> {
         let src = seq_id(src, "src")?;
         let upto = opt_index(upto, "upto")?;
-        borrow_mut(slf, "seq_clone")?
-            .inner
-            .cells_mut()
-            .seq_clone(src, upto)
-            .py_err()
+        write(slf, "seq_clone", |c| c.seq_clone(src, upto))
     }
     /// Drops `seq`'s positions in [p0, p1) (p1=None: to the end).
     #[pyo3(signature = (seq, p0=None, p1=None))]
@@ -158,93 +181,13 @@ impl PyCellCache {
         let seq = seq_id(seq, "seq")?;
         let p0 = opt_index(p0, "p0")?.unwrap_or(0);
         let p1 = opt_index(p1, "p1")?;
-        borrow_mut(slf, "seq_rm")?
-            .inner
-            .cells_mut()
-            .seq_rm(seq, p0, p1)
-            .py_err()
-    }
-    fn seq_free(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<()> {
-        let seq = seq_id(seq, "seq")?;
-        borrow_mut(slf, "seq_free")?
-            .inner
-            .cells_mut()
-            .seq_free(seq)
-            .py_err()
-    }
-    /// 1 + the highest position `seq` holds (0 when empty).
-    fn next_pos(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let seq = seq_id(seq, "seq")?;
-        borrow(slf, "next_pos")?
-            .inner
-            .cells()
-            .next_pos(seq)
-            .py_err()
-    }
-    fn seq_len(slf: &Bound<'_, Self>, seq: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let seq = seq_id(seq, "seq")?;
-        borrow(slf, "seq_len")?.inner.cells().seq_len(seq).py_err()
-    }
-    #[getter]
-    fn live_seqs(slf: &Bound<'_, Self>) -> PyResult<Vec<SeqId>> {
-        Ok(borrow(slf, "live_seqs")?.inner.cells().live_seqs())
-    }
-    #[getter]
-    fn free_cells(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "free_cells")?.inner.cells().free_cells())
-    }
-    /// Free cells of one table (`free_cells` is the tightest table's figure).
-    fn free_cells_in(slf: &Bound<'_, Self>, table: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let table = index(table, "table")?;
-        borrow(slf, "free_cells_in")?
-            .inner
-            .cells()
-            .free_cells_in(table)
-            .py_err()
-    }
-    #[getter]
-    fn capacity(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "capacity")?.inner.cells().capacity())
-    }
-    #[getter]
-    fn n_seq_max(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "n_seq_max")?.inner.cells().n_seq_max())
-    }
-    #[getter]
-    fn n_tables(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "n_tables")?.inner.cells().n_tables())
-    }
-    #[getter]
-    fn step_open(slf: &Bound<'_, Self>) -> PyResult<bool> {
-        Ok(borrow(slf, "step_open")?.inner.cells().step_open())
+        write(slf, "seq_rm", |c| c.seq_rm(seq, p0, p1))
     }
     /// Cells owned by two sequences or more, in `table` (default: table 0).
     #[pyo3(signature = (table=None))]
     fn shared_cells(slf: &Bound<'_, Self>, table: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let table = opt_index(table, "table")?.unwrap_or(0);
-        borrow(slf, "shared_cells")?
-            .inner
-            .cells()
-            .shared_cells(table)
-            .py_err()
-    }
-    /// Which cell table a layer reads (flat layers: full; ring layers: ring).
-    fn table_of(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let layer = index(layer, "layer")?;
-        borrow(slf, "table_of")?
-            .inner
-            .cells()
-            .table_of(layer)
-            .py_err()
-    }
-    #[pyo3(signature = (n=None))]
-    fn can_extend(slf: &Bound<'_, Self>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        let n = opt_index(n, "n")?.unwrap_or(1);
-        Ok(borrow(slf, "can_extend")?.inner.cells().can_extend(n))
-    }
-    fn clear(slf: &Bound<'_, Self>) -> PyResult<()> {
-        borrow_mut(slf, "clear")?.inner.cells_mut().clear();
-        Ok(())
+        read(slf, "shared_cells", |c| c.shared_cells(table))
     }
     /// Admission and placement, all or nothing: one entry per token.
     fn begin_step(
@@ -259,27 +202,7 @@ impl PyCellCache {
             .collect::<PyResult<_>>()?;
         let pos = index_list(positions, "positions")?;
         let mut this = borrow_mut(slf, "begin_step")?;
-        match &mut this.inner {
-            CellInner::Plain(c) => c.begin_step(&ids, &pos).py_err(),
-            CellInner::Kv(c) => c.begin_step(&ids, &pos).py_err(),
-        }
-    }
-    fn __repr__(slf: &Bound<'_, Self>) -> String {
-        let Ok(this) = slf.try_borrow() else {
-            return "CellCache(<in use>)".to_string();
-        };
-        let c = this.inner.cells();
-        let kind = match this.inner {
-            CellInner::Plain(_) => "CellCache",
-            CellInner::Kv(_) => "KvCellCache",
-        };
-        format!(
-            "{kind}(capacity={}, free_cells={}, live_seqs={:?}, step_open={})",
-            c.capacity(),
-            c.free_cells(),
-            c.live_seqs(),
-            c.step_open()
-        )
+        either!(&mut this.inner, c => c.begin_step(&ids, &pos)).py_err()
     }
 }
 
@@ -308,8 +231,17 @@ impl PyCellCache {
 #[pyclass(module = "offgraph_kv", name = "KvCellCache", extends = PyCellCache)]
 pub struct PyKvCellCache;
 
-#[pymethods]
-impl PyKvCellCache {
+kv_methods! {
+    PyKvCellCache;
+    /// Writes the open step's rows of `layer` to the tokens' cells and returns
+    /// the AttendSpec. `k`, `v`: as `KvSequenceCache.update` (float32, float16,
+    /// bfloat16, or bfloat16 bits with `bits="bfloat16"`).
+    update,
+    /// The open step's spec for `layer`, without writing.
+    spec,
+    nbytes,
+    pool_slots;
+
     #[new]
     #[pyo3(signature = (cfg, n_cells, n_seq_max=None))]
     fn new(
@@ -325,47 +257,6 @@ impl PyKvCellCache {
         .add_subclass(PyKvCellCache))
     }
 
-    /// Writes the open step's rows of `layer` to the tokens' cells and returns
-    /// the AttendSpec. `k`, `v`: as `KvSequenceCache.update` (float32, float16,
-    /// bfloat16, or bfloat16 bits with `bits="bfloat16"`).
-    #[pyo3(signature = (layer, k, v, *, bits=None))]
-    fn update(
-        slf: Bound<'_, Self>,
-        layer: &Bound<'_, PyAny>,
-        k: &Bound<'_, PyAny>,
-        v: &Bound<'_, PyAny>,
-        bits: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<PyAttendSpec> {
-        let (layer, bits) = update_args(layer, bits)?;
-        let owner = Box::new(slf.as_super().clone().unbind());
-        let mut this = borrow_mut(slf.as_super(), "update")?;
-        let cache = this.inner.kv_mut(KV_KIND)?;
-        write_step(cache, layer, k, v, bits.as_deref())?;
-        PyAttendSpec::from_cells(owner, cache, layer)
-    }
-
-    /// The open step's spec for `layer`, without writing.
-    fn spec(slf: Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
-        let layer = index(layer, "layer")?;
-        let owner = Box::new(slf.as_super().clone().unbind());
-        let mut this = borrow_mut(slf.as_super(), "spec")?;
-        let cache = this.inner.kv_mut(KV_KIND)?;
-        PyAttendSpec::from_cells(owner, cache, layer)
-    }
-
-    #[pyo3(signature = (layer=None))]
-    fn nbytes(slf: &Bound<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
-        let layer = opt_index(layer, "layer")?;
-        let this = borrow(slf.as_super(), "nbytes")?;
-        this.inner.kv(KV_KIND)?.pool_bytes(layer).py_err()
-    }
-
-    fn pool_slots(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let layer = index(layer, "layer")?;
-        let this = borrow(slf.as_super(), "pool_slots")?;
-        this.inner.kv(KV_KIND)?.slots(layer).py_err()
-    }
-
     /// A snapshot (bytes) of `seq`'s positions below `upto` (`None`: all),
     /// restored by `load_seq` here or in a cache of the same layout.
     #[pyo3(signature = (seq, upto=None))]
@@ -376,8 +267,7 @@ impl PyKvCellCache {
     ) -> PyResult<Py<pyo3::types::PyBytes>> {
         let seq = seq_id(seq, "seq")?;
         let upto = opt_index(upto, "upto")?;
-        let this = borrow(slf.as_super(), "save_seq")?;
-        let data = this.inner.kv(KV_KIND)?.save_seq(seq, upto).py_err()?;
+        let data = read_kv(slf.as_super(), "save_seq", |c| c.save_seq(seq, upto))?;
         Ok(crate::snapshot::to_bytes(slf.py(), data))
     }
 
@@ -385,19 +275,13 @@ impl PyKvCellCache {
     /// or nothing (`SnapshotError`, `CapacityError`; the cache unchanged).
     fn load_seq(slf: &Bound<'_, Self>, blob: &Bound<'_, PyAny>) -> PyResult<SeqId> {
         let data = crate::snapshot::data(blob, "blob")?;
-        let mut this = borrow_mut(slf.as_super(), "load_seq")?;
-        this.inner.kv_mut(KV_KIND)?.load_seq(&data).py_err()
+        write_kv(slf.as_super(), "load_seq", |c| c.load_seq(&data))
     }
 }
 
-/// The runner's face of a cell cache. It holds a reference to its cache:
-/// the cache stays alive (and usable through the face) while the face lives.
-#[pyclass(module = "offgraph_kv")]
-pub struct CellControl {
-    cache: Py<PyCellCache>,
-}
-
 face! {
+    /// The runner's face of a cell cache. It holds a reference to its cache:
+    /// the cache stays alive (and usable through the face) while the face lives.
     CellControl => PyCellCache, repr "CellControl";
     fn seq_new() -> PyResult<SeqId>;
     #[pyo3(signature = (src, upto=None))]
@@ -423,13 +307,8 @@ face! {
     fn begin_step(seq_ids: &Bound<'_, PyAny>, positions: &Bound<'_, PyAny>) -> PyResult<()>;
 }
 
-/// The backend's face of a cell cache. It keeps its cache alive.
-#[pyclass(module = "offgraph_kv")]
-pub struct CellPlanner {
-    cache: Py<PyCellCache>,
-}
-
 face! {
+    /// The backend's face of a cell cache. It keeps its cache alive.
     CellPlanner => PyCellCache;
     fn plan(layer: &Bound<'_, PyAny>) -> PyResult<PyCellStepPlan>;
 }
@@ -442,10 +321,16 @@ pub struct PyCellStepPlan {
     generation: u64,
     layer: usize,
     cells: Vec<i32>,
+    #[pyo3(get)]
     positions: Vec<usize>,
+    #[pyo3(get)]
     seq_ids: Vec<SeqId>,
+    /// Cells `[0, read_len)` are the read extent.
+    #[pyo3(get)]
     read_len: usize,
+    #[pyo3(get)]
     window: Option<usize>,
+    #[pyo3(get)]
     table: usize,
 }
 
@@ -456,12 +341,12 @@ fn stale(layer: usize) -> PyErr {
 }
 
 /// The dense `[T, read_len]` bool mask of `layer` for the open step of `owner`.
-pub fn dense_mask_py<'py>(
-    py: Python<'py>,
+pub fn dense_mask_py(
     owner: &Py<PyCellCache>,
+    py: Python<'_>,
     generation: u64,
     layer: usize,
-) -> PyResult<Bound<'py, PyArray2<bool>>> {
+) -> PyResult<Py<PyAny>> {
     let mut c = borrow_mut(owner.bind(py), "mask")?;
     if c.inner.cells().generation() != generation {
         return Err(stale(layer));
@@ -472,35 +357,8 @@ pub fn dense_mask_py<'py>(
     };
     let bytes = c.inner.dense_mask(layer).py_err()?;
     let flat: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
-    PyArray1::from_vec(py, flat).reshape([t, read_len])
-}
-
-impl SpecOwner for Py<PyCellCache> {
-    fn generation(&self, py: Python<'_>) -> Option<u64> {
-        let c = self.bind(py).try_borrow().ok()?;
-        Some(c.inner.cells().generation())
-    }
-    fn dense_mask(
-        &self,
-        py: Python<'_>,
-        generation: u64,
-        layer: usize,
-    ) -> PyResult<Option<Py<PyAny>>> {
-        let m = dense_mask_py(py, self, generation, layer)?;
-        Ok(Some(m.into_any().unbind()))
-    }
-    fn with_core_spec(
-        &self,
-        py: Python<'_>,
-        generation: u64,
-        layer: usize,
-        what: &str,
-        f: &mut dyn FnMut(&AttendSpec<'_>) -> PyResult<()>,
-    ) -> PyResult<bool> {
-        borrow(self.bind(py), what)?
-            .inner
-            .with_core_spec(generation, layer, f)
-    }
+    let mask = PyArray1::from_vec(py, flat).reshape([t, read_len])?;
+    Ok(mask.into_any().unbind())
 }
 
 #[pymethods]
@@ -511,34 +369,13 @@ impl PyCellStepPlan {
         PyArray1::from_slice(py, &self.cells)
     }
     #[getter]
-    fn positions(&self) -> Vec<usize> {
-        self.positions.clone()
-    }
-    #[getter]
-    fn seq_ids(&self) -> Vec<SeqId> {
-        self.seq_ids.clone()
-    }
-    #[getter]
     fn n_tokens(&self) -> usize {
         self.positions.len()
     }
-    /// Cells `[0, read_len)` are the read extent.
-    #[getter]
-    fn read_len(&self) -> usize {
-        self.read_len
-    }
-    #[getter]
-    fn window(&self) -> Option<usize> {
-        self.window
-    }
-    #[getter]
-    fn table(&self) -> usize {
-        self.table
-    }
     /// bool `[T, read_len]`: token i sees cell j.
     #[getter]
-    fn mask<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<bool>>> {
-        dense_mask_py(py, &self.owner, self.generation, self.layer)
+    fn mask(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        dense_mask_py(&self.owner, py, self.generation, self.layer)
     }
     /// Token i's visible cells as sorted runs `(start, length)`.
     fn visible(&self, py: Python<'_>, i: &Bound<'_, PyAny>) -> PyResult<Vec<(usize, usize)>> {

@@ -11,6 +11,41 @@ fn cfg_index(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     index_with(obj, what, config_err)
 }
 
+/// An optional config field: absent or `None` stays `None`.
+fn opt_cfg_index(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<usize>> {
+    obj.filter(|o| !o.is_none())
+        .map(|o| cfg_index(o, what))
+        .transpose()
+}
+
+/// `#[pymethods]` for a class wrapping a core config as `inner`: each `get`
+/// entry `name: T` as a getter of the field `inner.name`, then the class's own
+/// methods.
+macro_rules! wrapper_methods {
+    ($class:ident; get { $( $get:ident: $ty:ty, )* } $($items:tt)*) => {
+        #[pymethods]
+        impl $class {
+            $(
+                #[getter]
+                fn $get(&self) -> $ty {
+                    self.inner.$get
+                }
+            )*
+            $($items)*
+        }
+    };
+}
+
+/// `LayerConfig(<policy>, n_kv_heads=.., head_dim=..)`.
+fn layer_repr(l: &LayerConfig) -> String {
+    format!(
+        "LayerConfig({}, n_kv_heads={}, head_dim={})",
+        policy_repr(l.policy),
+        l.n_kv_heads,
+        l.head_dim
+    )
+}
+
 /// Keeps every position up to the cache's capacity.
 #[pyclass(module = "offgraph_kv", frozen, eq, hash)]
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -63,13 +98,9 @@ pub fn policy_from_py(obj: &Bound<'_, PyAny>) -> PyResult<LayerPolicy> {
             window: r.get().window,
         })
     } else {
-        let tname = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default();
         Err(dtype_err(format!(
-            "policy: expected offgraph_kv.Flat() or offgraph_kv.Ring(window), got {tname}"
+            "policy: expected offgraph_kv.Flat() or offgraph_kv.Ring(window), got {}",
+            crate::args::type_name(obj)
         )))
     }
 }
@@ -95,8 +126,13 @@ pub struct PyLayerConfig {
     pub inner: LayerConfig,
 }
 
-#[pymethods]
-impl PyLayerConfig {
+wrapper_methods! {
+    PyLayerConfig;
+    get {
+        n_kv_heads: usize,
+        head_dim: usize,
+    }
+
     #[new]
     #[pyo3(signature = (policy, n_kv_heads, head_dim))]
     fn new(
@@ -116,21 +152,8 @@ impl PyLayerConfig {
     fn policy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         policy_to_py(py, self.inner.policy)
     }
-    #[getter]
-    fn n_kv_heads(&self) -> usize {
-        self.inner.n_kv_heads
-    }
-    #[getter]
-    fn head_dim(&self) -> usize {
-        self.inner.head_dim
-    }
     fn __repr__(&self) -> String {
-        format!(
-            "LayerConfig({}, n_kv_heads={}, head_dim={})",
-            policy_repr(self.inner.policy),
-            self.inner.n_kv_heads,
-            self.inner.head_dim
-        )
+        layer_repr(&self.inner)
     }
 }
 
@@ -142,8 +165,15 @@ pub struct PyCacheConfig {
     pub inner: CacheConfig,
 }
 
-#[pymethods]
-impl PyCacheConfig {
+wrapper_methods! {
+    PyCacheConfig;
+    get {
+        capacity: usize,
+        n_layers: usize,
+        initial_capacity: usize,
+        max_step: usize,
+    }
+
     #[new]
     #[pyo3(signature = (capacity, n_layers, layers, initial_capacity=None, max_step=None, dtype=None, k_dtype=None, v_dtype=None))]
     #[allow(clippy::too_many_arguments)]
@@ -175,11 +205,11 @@ impl PyCacheConfig {
             }
         }
         let mut cfg = CacheConfig::new(capacity, n_layers, list);
-        if let Some(ic) = initial_capacity.filter(|o| !o.is_none()) {
-            cfg.initial_capacity = cfg_index(ic, "initial_capacity")?;
+        if let Some(v) = opt_cfg_index(initial_capacity, "initial_capacity")? {
+            cfg.initial_capacity = v;
         }
-        if let Some(ms) = max_step.filter(|o| !o.is_none()) {
-            cfg.max_step = cfg_index(ms, "max_step")?;
+        if let Some(v) = opt_cfg_index(max_step, "max_step")? {
+            cfg.max_step = v;
         }
         let both = kv_dtype(dtype, "dtype")?.unwrap_or_default();
         cfg.k_dtype = kv_dtype(k_dtype, "k_dtype")?.unwrap_or(both);
@@ -193,14 +223,6 @@ impl PyCacheConfig {
     }
 
     #[getter]
-    fn capacity(&self) -> usize {
-        self.inner.capacity
-    }
-    #[getter]
-    fn n_layers(&self) -> usize {
-        self.inner.n_layers
-    }
-    #[getter]
     fn layers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let items: Vec<PyLayerConfig> = self
             .inner
@@ -209,14 +231,6 @@ impl PyCacheConfig {
             .map(|l| PyLayerConfig { inner: *l })
             .collect();
         PyList::new(py, items)
-    }
-    #[getter]
-    fn initial_capacity(&self) -> usize {
-        self.inner.initial_capacity
-    }
-    #[getter]
-    fn max_step(&self) -> usize {
-        self.inner.max_step
     }
     /// The K pools' storage type ("float32", "float16", "bfloat16", "q8_0").
     #[getter]
@@ -235,19 +249,7 @@ impl PyCacheConfig {
         Ok(self.inner.depth(l.policy))
     }
     fn __repr__(&self) -> String {
-        let layers: Vec<String> = self
-            .inner
-            .layers
-            .iter()
-            .map(|l| {
-                format!(
-                    "LayerConfig({}, n_kv_heads={}, head_dim={})",
-                    policy_repr(l.policy),
-                    l.n_kv_heads,
-                    l.head_dim
-                )
-            })
-            .collect();
+        let layers: Vec<String> = self.inner.layers.iter().map(layer_repr).collect();
         format!(
             "CacheConfig(capacity={}, n_layers={}, layers=[{}], initial_capacity={}, max_step={}, k_dtype={:?}, v_dtype={:?})",
             self.inner.capacity,

@@ -1,15 +1,23 @@
 //! The control and planner faces of the cache classes forward each method to
-//! the cache they hold; `face!` writes those forwarding methods once.
+//! the cache they hold; `face!` writes each face class and those forwarding
+//! methods once.
 
-/// `#[pymethods]` for a face struct with a `cache: Py<Cache>` field: the
+/// A face class holding `cache: Py<Cache>`, and its `#[pymethods]`: the
 /// `cache` getter, each listed `fn name(args) -> R` as
 /// `Cache::name(self.cache.bind(py), args)`, and with `repr "Label"` a
 /// `__repr__` of `Label(<the cache's repr>)`.
 macro_rules! face {
     (
+        $(#[$doc:meta])*
         $face:ident => $cache:ty $(, repr $label:literal)?;
         $( $(#[$attr:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty; )*
     ) => {
+        $(#[$doc])*
+        #[pyo3::pyclass(module = "offgraph_kv")]
+        pub struct $face {
+            cache: pyo3::Py<$cache>,
+        }
+
         #[pyo3::pymethods]
         impl $face {
             #[getter]

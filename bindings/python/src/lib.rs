@@ -11,6 +11,7 @@ mod faces;
 mod pools;
 mod registry;
 mod sequence;
+mod skeleton;
 mod snapshot;
 mod spec;
 mod window;

@@ -1,20 +1,18 @@
 //! `SequenceCache` (bookkeeping) and `KvSequenceCache` (plus pools), their
 //! control and planner faces, and `SeqStepPlan`.
 
-use offgraph_kv::{AttendSpec, KvSequenceCache, Runs, SeqStepPlan, SequenceCache};
+use offgraph_kv::{KvSequenceCache, Runs, SeqStepPlan, SequenceCache};
 use pyo3::prelude::*;
 
 use crate::args::index;
 use crate::config::PyCacheConfig;
 use crate::errors::{borrow, borrow_mut, IntoPy};
 use crate::faces::face;
-use crate::pools::{update_args, write_step, Inner, KvPools};
-use crate::spec::{PyAttendSpec, SpecOwner};
+use crate::pools::{either, Inner};
+use crate::skeleton::{cache_methods, kv_methods, read_kv, write_kv};
 
 /// The state behind a Python sequence cache: bookkeeping only, or with pools.
 pub type SeqInner = Inner<SequenceCache, KvSequenceCache>;
-
-const KV_KIND: &str = "KvSequenceCache";
 
 impl SeqInner {
     pub fn seq(&self) -> &SequenceCache {
@@ -24,23 +22,34 @@ impl SeqInner {
         }
     }
     fn begin_step(&mut self, n: usize) -> offgraph_kv::Result<usize> {
-        match self {
-            SeqInner::Plain(c) => c.begin_step(n),
-            SeqInner::Kv(c) => c.begin_step(n),
-        }
+        either!(self, c => c.begin_step(n))
     }
     fn rewind(&mut self, n: usize) -> offgraph_kv::Result<()> {
-        match self {
-            SeqInner::Plain(c) => c.rewind(n),
-            SeqInner::Kv(c) => c.rewind(n),
-        }
+        either!(self, c => c.rewind(n))
     }
     fn clear(&mut self) {
-        match self {
-            SeqInner::Plain(c) => c.clear(),
-            SeqInner::Kv(c) => c.clear(),
-        }
+        either!(self, c => c.clear())
     }
+}
+
+/// Runs a mutation `f` on the cache's state, borrowed exclusively.
+fn write<R>(
+    slf: &Bound<'_, PySequenceCache>,
+    what: &str,
+    f: impl FnOnce(&mut SeqInner) -> offgraph_kv::Result<R>,
+) -> PyResult<R> {
+    f(&mut borrow_mut(slf, what)?.inner).py_err()
+}
+
+/// The fields of a sequence cache's repr.
+fn describe(s: &SequenceCache) -> String {
+    format!(
+        "length={}, capacity={}, n_layers={}, step_open={}",
+        s.length(),
+        s.capacity(),
+        s.config().n_layers,
+        s.step_open()
+    )
 }
 
 fn runs_list(r: &Runs) -> Vec<(usize, usize)> {
@@ -69,78 +78,34 @@ pub struct PySequenceCache {
 // borrow conflict is a `StepError`, never PyO3's `RuntimeError` or a panic.
 // Arguments are converted before the borrow: Python code they run (an
 // `__index__`) never sees the cache mid-call.
-#[pymethods]
-impl PySequenceCache {
+cache_methods! {
+    PySequenceCache(seq): SequenceCache, KvSequenceCache;
+    spec_exclusive = false, dense_mask = None, repr = describe;
+    /// The runner's face: length, capacity, can_extend, begin_step, rewind, clear.
+    /// The face holds a reference: it keeps the cache alive.
+    control -> SequenceControl;
+    /// The backend's face: plan(layer). It keeps the cache alive.
+    planner -> SequencePlanner;
+    get {
+        length: usize,
+        capacity: usize,
+        /// Highest length reached since the last clear.
+        high_water: usize,
+        /// The lowest length `rewind` accepts now.
+        min_rewind: usize,
+        step_open: bool,
+    }
+    call {
+        /// Admission and commit: returns the step's first position.
+        fn begin_step(n_tokens: index) -> usize = write;
+        fn rewind(new_len: index) -> () = write;
+    }
+
     #[new]
     fn new(cfg: PyRef<'_, PyCacheConfig>) -> PyResult<Self> {
         Ok(PySequenceCache {
             inner: SeqInner::Plain(SequenceCache::new(cfg.inner.clone()).py_err()?),
         })
-    }
-
-    /// The runner's face: length, capacity, can_extend, begin_step, rewind, clear.
-    /// The face holds a reference: it keeps the cache alive.
-    fn control(slf: Bound<'_, Self>) -> SequenceControl {
-        SequenceControl {
-            cache: slf.unbind(),
-        }
-    }
-
-    /// The backend's face: plan(layer). It keeps the cache alive.
-    fn planner(slf: Bound<'_, Self>) -> SequencePlanner {
-        SequencePlanner {
-            cache: slf.unbind(),
-        }
-    }
-
-    #[getter]
-    fn config(slf: &Bound<'_, Self>) -> PyResult<PyCacheConfig> {
-        Ok(PyCacheConfig {
-            inner: borrow(slf, "config")?.inner.seq().config().clone(),
-        })
-    }
-    #[getter]
-    fn length(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "length")?.inner.seq().length())
-    }
-    #[getter]
-    fn capacity(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "capacity")?.inner.seq().capacity())
-    }
-    /// Highest length reached since the last clear.
-    #[getter]
-    fn high_water(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "high_water")?.inner.seq().high_water())
-    }
-    /// The lowest length `rewind` accepts now.
-    #[getter]
-    fn min_rewind(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        Ok(borrow(slf, "min_rewind")?.inner.seq().min_rewind())
-    }
-    #[getter]
-    fn step_open(slf: &Bound<'_, Self>) -> PyResult<bool> {
-        Ok(borrow(slf, "step_open")?.inner.seq().step_open())
-    }
-    #[pyo3(signature = (n=None))]
-    fn can_extend(slf: &Bound<'_, Self>, n: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        let n = match n {
-            Some(n) => index(n, "n")?,
-            None => 1,
-        };
-        Ok(borrow(slf, "can_extend")?.inner.seq().can_extend(n))
-    }
-    /// Admission and commit: returns the step's first position.
-    fn begin_step(slf: &Bound<'_, Self>, n_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let n = index(n_tokens, "n_tokens")?;
-        borrow_mut(slf, "begin_step")?.inner.begin_step(n).py_err()
-    }
-    fn rewind(slf: &Bound<'_, Self>, new_len: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = index(new_len, "new_len")?;
-        borrow_mut(slf, "rewind")?.inner.rewind(n).py_err()
-    }
-    fn clear(slf: &Bound<'_, Self>) -> PyResult<()> {
-        borrow_mut(slf, "clear")?.inner.clear();
-        Ok(())
     }
     /// The open step's plan for `layer`.
     fn plan(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan> {
@@ -178,48 +143,8 @@ impl PySequenceCache {
             .py_err()?;
         Ok(runs_list(&runs))
     }
-    fn __repr__(slf: &Bound<'_, Self>) -> String {
-        let Ok(this) = slf.try_borrow() else {
-            return "SequenceCache(<in use>)".to_string();
-        };
-        let s = this.inner.seq();
-        let kind = match this.inner {
-            SeqInner::Plain(_) => "SequenceCache",
-            SeqInner::Kv(_) => "KvSequenceCache",
-        };
-        format!(
-            "{kind}(length={}, capacity={}, n_layers={}, step_open={})",
-            s.length(),
-            s.capacity(),
-            s.config().n_layers,
-            s.step_open()
-        )
-    }
     fn __len__(slf: &Bound<'_, Self>) -> PyResult<usize> {
         Ok(borrow(slf, "len")?.inner.seq().length())
-    }
-}
-
-impl SpecOwner for Py<PySequenceCache> {
-    fn generation(&self, py: Python<'_>) -> Option<u64> {
-        let c = self.bind(py).try_borrow().ok()?;
-        Some(c.inner.seq().generation())
-    }
-    /// A sequence step's mask is analytic (`mask_kind`, `window`).
-    fn dense_mask(&self, _: Python<'_>, _: u64, _: usize) -> PyResult<Option<Py<PyAny>>> {
-        Ok(None)
-    }
-    fn with_core_spec(
-        &self,
-        py: Python<'_>,
-        generation: u64,
-        layer: usize,
-        what: &str,
-        f: &mut dyn FnMut(&AttendSpec<'_>) -> PyResult<()>,
-    ) -> PyResult<bool> {
-        borrow(self.bind(py), what)?
-            .inner
-            .with_core_spec(generation, layer, f)
     }
 }
 
@@ -227,8 +152,21 @@ impl SpecOwner for Py<PySequenceCache> {
 #[pyclass(module = "offgraph_kv", name = "KvSequenceCache", extends = PySequenceCache)]
 pub struct PyKvSequenceCache;
 
-#[pymethods]
-impl PyKvSequenceCache {
+kv_methods! {
+    PyKvSequenceCache;
+    /// Writes the open step's rows of `layer` and returns its AttendSpec.
+    /// `k`, `v`: `[n_kv_heads, T, head_dim]` float32, float16 or bfloat16
+    /// (`ml_dtypes`), or uint16 bfloat16 bits with `bits="bfloat16"` (a leading
+    /// batch of 1 is accepted; non-contiguous input is copied). Rows are rounded
+    /// once into the pool's dtype. A refused call writes nothing.
+    update,
+    /// The open step's spec for `layer`, without writing.
+    spec,
+    /// Bytes the pools hold: of one layer, or of all when `layer` is None.
+    nbytes,
+    /// Slots the pool of `layer` has now (it doubles up to its depth).
+    pool_slots;
+
     #[new]
     fn new(cfg: PyRef<'_, PyCacheConfig>) -> PyResult<PyClassInitializer<Self>> {
         let kv = KvSequenceCache::new(cfg.inner.clone()).py_err()?;
@@ -236,50 +174,6 @@ impl PyKvSequenceCache {
             inner: SeqInner::Kv(kv),
         })
         .add_subclass(PyKvSequenceCache))
-    }
-
-    /// Writes the open step's rows of `layer` and returns its AttendSpec.
-    /// `k`, `v`: `[n_kv_heads, T, head_dim]` float32, float16 or bfloat16
-    /// (`ml_dtypes`), or uint16 bfloat16 bits with `bits="bfloat16"` (a leading
-    /// batch of 1 is accepted; non-contiguous input is copied). Rows are rounded
-    /// once into the pool's dtype. A refused call writes nothing.
-    #[pyo3(signature = (layer, k, v, *, bits=None))]
-    fn update(
-        slf: &Bound<'_, Self>,
-        layer: &Bound<'_, PyAny>,
-        k: &Bound<'_, PyAny>,
-        v: &Bound<'_, PyAny>,
-        bits: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<PyAttendSpec> {
-        let (layer, bits) = update_args(layer, bits)?;
-        let owner = Box::new(slf.as_super().clone().unbind());
-        let mut this = borrow_mut(slf.as_super(), "update")?;
-        let cache = this.inner.kv_mut(KV_KIND)?;
-        write_step(cache, layer, k, v, bits.as_deref())?;
-        PyAttendSpec::from_seq(owner, cache, layer)
-    }
-
-    /// The open step's spec for `layer`, without writing.
-    fn spec(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<PyAttendSpec> {
-        let layer = index(layer, "layer")?;
-        let owner = Box::new(slf.as_super().clone().unbind());
-        let this = borrow(slf.as_super(), "spec")?;
-        PyAttendSpec::from_seq(owner, this.inner.kv(KV_KIND)?, layer)
-    }
-
-    /// Bytes the pools hold: of one layer, or of all when `layer` is None.
-    #[pyo3(signature = (layer=None))]
-    fn nbytes(slf: &Bound<'_, Self>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
-        let layer = crate::args::opt_index(layer, "layer")?;
-        let this = borrow(slf.as_super(), "nbytes")?;
-        this.inner.kv(KV_KIND)?.pool_bytes(layer).py_err()
-    }
-
-    /// Slots the pool of `layer` has now (it doubles up to its depth).
-    fn pool_slots(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let layer = index(layer, "layer")?;
-        let this = borrow(slf.as_super(), "pool_slots")?;
-        this.inner.kv(KV_KIND)?.slots(layer).py_err()
     }
 
     /// A snapshot (bytes) of positions `[0, upto)` (`upto=None`: the length)
@@ -296,14 +190,10 @@ impl PyKvSequenceCache {
     ) -> PyResult<Py<pyo3::types::PyBytes>> {
         let upto = crate::args::opt_index(upto, "upto")?;
         let start = crate::args::opt_index(start, "start")?;
-        let this = borrow(slf.as_super(), "save_state")?;
-        let cache = this.inner.kv(KV_KIND)?;
-        let data = match start {
-            None => cache.save_state(upto).py_err()?,
-            Some(s) => cache
-                .save_range(s, upto.unwrap_or(cache.length()))
-                .py_err()?,
-        };
+        let data = read_kv(slf.as_super(), "save_state", |c| match start {
+            None => c.save_state(upto),
+            Some(s) => c.save_range(s, upto.unwrap_or(c.length())),
+        })?;
         Ok(crate::snapshot::to_bytes(slf.py(), data))
     }
 
@@ -313,19 +203,13 @@ impl PyKvSequenceCache {
     fn load_state(slf: &Bound<'_, Self>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let chain = crate::snapshot::chain(data)?;
         let refs: Vec<&[u8]> = chain.iter().map(|b| &b[..]).collect();
-        let mut this = borrow_mut(slf.as_super(), "load_state")?;
-        this.inner.kv_mut(KV_KIND)?.load_states(&refs).py_err()
+        write_kv(slf.as_super(), "load_state", |c| c.load_states(&refs))
     }
 }
 
-/// The runner's face of a sequence cache. It holds a reference to its cache:
-/// the cache stays alive (and usable through the face) while the face lives.
-#[pyclass(module = "offgraph_kv")]
-pub struct SequenceControl {
-    cache: Py<PySequenceCache>,
-}
-
 face! {
+    /// The runner's face of a sequence cache. It holds a reference to its cache:
+    /// the cache stays alive (and usable through the face) while the face lives.
     SequenceControl => PySequenceCache, repr "SequenceControl";
     #[getter]
     fn length() -> PyResult<usize>;
@@ -338,13 +222,8 @@ face! {
     fn clear() -> PyResult<()>;
 }
 
-/// The backend's face of a sequence cache. It keeps its cache alive.
-#[pyclass(module = "offgraph_kv")]
-pub struct SequencePlanner {
-    cache: Py<PySequenceCache>,
-}
-
 face! {
+    /// The backend's face of a sequence cache. It keeps its cache alive.
     SequencePlanner => PySequenceCache, repr "SequencePlanner";
     fn plan(layer: &Bound<'_, PyAny>) -> PyResult<PySeqStepPlan>;
 }

@@ -12,10 +12,8 @@ use std::sync::Arc;
 use numpy::ndarray::ArrayView3;
 use numpy::PyArray3;
 use offgraph_kv::kv::Buffer;
-use offgraph_kv::{AttendSpec, KeyLayout, KvCellCache, KvDtype, KvSequenceCache};
+use offgraph_kv::{AttendSpec, CellStepPlan, KeyLayout, KvDtype, SeqStepPlan};
 use pyo3::prelude::*;
-
-use crate::errors::IntoPy;
 
 /// Keeps a pool buffer alive for the numpy views based on it.
 #[pyclass(module = "offgraph_kv", frozen)]
@@ -71,9 +69,9 @@ pub fn view<'py>(
     }
 }
 
-/// The cache a spec was made for, as the spec and `attend` need it. Each cache
-/// module implements it for its Python class, so this module names neither and
-/// the bindings' module dependencies point one way.
+/// The cache a spec was made for, as the spec and `attend` need it. `pools`
+/// implements it for both Python cache classes, so this module names neither
+/// and the bindings' module dependencies point one way.
 pub trait SpecOwner: Send + Sync {
     /// The cache's step generation now (None while it is mutably borrowed).
     fn generation(&self, py: Python<'_>) -> Option<u64>;
@@ -104,14 +102,26 @@ pub struct PyAttendSpec {
     /// The cache that made it: attention checks the step is still open.
     pub owner: Box<dyn SpecOwner>,
     pub generation: u64,
+    #[pyo3(get)]
     pub layer: usize,
+    #[pyo3(get)]
     pub n_kv_heads: usize,
+    #[pyo3(get)]
     pub head_dim: usize,
+    #[pyo3(get)]
     pub slots: usize,
+    /// Slot runs `(start, length)` holding the visible history, oldest first.
+    #[pyo3(get)]
     pub read: Vec<(usize, usize)>,
+    #[pyo3(get)]
     pub read_base_pos: usize,
+    /// Logical position of each query token.
+    #[pyo3(get)]
     pub positions: Vec<usize>,
+    /// "none" | "causal" | "window" (sequence steps), "explicit" (cell steps).
+    #[pyo3(get)]
     pub mask_kind: &'static str,
+    #[pyo3(get)]
     pub window: Option<usize>,
     pub k_buf: Arc<Buffer>,
     pub v_buf: Arc<Buffer>,
@@ -120,70 +130,74 @@ pub struct PyAttendSpec {
 }
 
 impl PyAttendSpec {
-    pub fn from_seq(
+    /// The spec of `layer` for step `generation`, from the core spec, the
+    /// pool buffers and the layer's window. It reads as a cell step's (mask
+    /// "explicit", no read runs): `for_seq` and `for_cells` finish it.
+    pub fn new(
         owner: Box<dyn SpecOwner>,
-        cache: &KvSequenceCache,
+        generation: u64,
         layer: usize,
-    ) -> PyResult<Self> {
-        let spec = cache.spec(layer).py_err()?;
-        let pool = cache.pool(layer).py_err()?;
-        let plan = cache.plan(layer).py_err()?;
-        let (k_buf, v_buf) = pool.buffers();
-        let (read, read_base_pos) = match spec.keys {
+        spec: &AttendSpec<'_>,
+        (k_buf, v_buf): (Arc<Buffer>, Arc<Buffer>),
+        window: Option<usize>,
+    ) -> Self {
+        PyAttendSpec {
+            owner,
+            generation,
+            layer,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            slots: spec.slots,
+            read: Vec::new(),
+            read_base_pos: 0,
+            positions: spec.positions.to_vec(),
+            mask_kind: "explicit",
+            window,
+            k_buf,
+            v_buf,
+            k_dtype: spec.k.dtype,
+            v_dtype: spec.v.dtype,
+        }
+    }
+
+    /// A sequence step's spec: its read runs and its analytic mask.
+    pub fn for_seq(self, spec: &AttendSpec<'_>, plan: &SeqStepPlan) -> Self {
+        let (read, read_base_pos) = match &spec.keys {
             KeyLayout::Runs {
                 read,
                 read_base_pos,
                 ..
             } => (
                 read.as_slice().iter().map(|r| (r.start, r.len)).collect(),
-                read_base_pos,
+                *read_base_pos,
             ),
             KeyLayout::Cells { .. } => (Vec::new(), 0),
         };
-        Ok(PyAttendSpec {
-            owner,
-            generation: cache.generation(),
-            layer,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            slots: spec.slots,
+        PyAttendSpec {
             read,
             read_base_pos,
-            positions: spec.positions.to_vec(),
             mask_kind: plan.mask.name(),
-            window: plan.window(),
-            k_buf,
-            v_buf,
-            k_dtype: spec.k.dtype,
-            v_dtype: spec.v.dtype,
-        })
+            ..self
+        }
     }
 
-    pub fn from_cells(
-        owner: Box<dyn SpecOwner>,
-        cache: &KvCellCache,
-        layer: usize,
-    ) -> PyResult<Self> {
-        let spec = cache.spec(layer).py_err()?;
-        let plan = cache.plan(layer).py_err()?;
-        let (k_buf, v_buf) = cache.pool(layer).py_err()?.buffers();
-        Ok(PyAttendSpec {
-            owner,
-            generation: cache.generation(),
-            layer,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            slots: spec.slots,
+    /// A view of the K or V pool, `[n_kv_heads, slots, head_dim]` rows of `dtype`.
+    fn pool_view<'py>(
+        &self,
+        py: Python<'py>,
+        buf: &Arc<Buffer>,
+        dtype: KvDtype,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        view(py, buf, dtype, (self.n_kv_heads, self.slots, self.head_dim))
+    }
+
+    /// A cell step's spec: one read run over the read extent (the core spec's
+    /// keys add nothing: the mask says which cells each token sees).
+    pub fn for_cells(self, _: &AttendSpec<'_>, plan: &CellStepPlan<'_>) -> Self {
+        PyAttendSpec {
             read: vec![(0, plan.read_len())],
-            read_base_pos: 0,
-            positions: spec.positions.to_vec(),
-            mask_kind: "explicit",
-            window: plan.window(),
-            k_buf,
-            v_buf,
-            k_dtype: spec.k.dtype,
-            v_dtype: spec.v.dtype,
-        })
+            ..self
+        }
     }
 }
 
@@ -193,22 +207,12 @@ impl PyAttendSpec {
     /// dtype (q8_0: uint8 blocks `[n_kv_heads, slots, head_dim / 32 * 34]`).
     #[getter]
     fn k<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        view(
-            py,
-            &self.k_buf,
-            self.k_dtype,
-            (self.n_kv_heads, self.slots, self.head_dim),
-        )
+        self.pool_view(py, &self.k_buf, self.k_dtype)
     }
     /// Read-only view of the V pool (see `k`).
     #[getter]
     fn v<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        view(
-            py,
-            &self.v_buf,
-            self.v_dtype,
-            (self.n_kv_heads, self.slots, self.head_dim),
-        )
+        self.pool_view(py, &self.v_buf, self.v_dtype)
     }
     /// The K pool's storage type name.
     #[getter]
@@ -219,45 +223,6 @@ impl PyAttendSpec {
     #[getter]
     fn v_dtype(&self) -> &'static str {
         self.v_dtype.name()
-    }
-    #[getter]
-    fn slots(&self) -> usize {
-        self.slots
-    }
-    #[getter]
-    fn layer(&self) -> usize {
-        self.layer
-    }
-    #[getter]
-    fn n_kv_heads(&self) -> usize {
-        self.n_kv_heads
-    }
-    #[getter]
-    fn head_dim(&self) -> usize {
-        self.head_dim
-    }
-    /// Slot runs `(start, length)` holding the visible history, oldest first.
-    #[getter]
-    fn read(&self) -> Vec<(usize, usize)> {
-        self.read.clone()
-    }
-    #[getter]
-    fn read_base_pos(&self) -> usize {
-        self.read_base_pos
-    }
-    /// Logical position of each query token.
-    #[getter]
-    fn positions(&self) -> Vec<usize> {
-        self.positions.clone()
-    }
-    /// "none" | "causal" | "window" (sequence steps), "explicit" (cell steps).
-    #[getter]
-    fn mask_kind(&self) -> &'static str {
-        self.mask_kind
-    }
-    #[getter]
-    fn window(&self) -> Option<usize> {
-        self.window
     }
     /// Cell steps: the dense bool mask `[T, read_len]` (built on first request,
     /// `StepError` once the step closed). Sequence steps: `None` (their mask is
