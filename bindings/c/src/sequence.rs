@@ -416,8 +416,15 @@ pub unsafe extern "C" fn okv_kv_seq_cache_update(
     v: *const f32,
     v_len: usize,
 ) -> okv_status {
-    let what = "okv_kv_seq_cache_update";
-    guard(|| unsafe { pools::update(cache, layer, (k, k_len), (v, v_len), what) })
+    guard(|| unsafe {
+        pools::update(
+            cache,
+            layer,
+            (k, k_len),
+            (v, v_len),
+            "okv_kv_seq_cache_update",
+        )
+    })
 }
 
 /// Attention of the open step at `layer` into `out`: `q` and `out` hold
@@ -435,8 +442,10 @@ pub unsafe extern "C" fn okv_kv_seq_cache_attend(
     out_len: usize,
     options: *const okv_attend_options,
 ) -> okv_status {
-    let args = AttendArgs::new(q, q_len, n_q_heads, out, out_len, options);
-    guard(|| unsafe { pools::attend(cache, layer, &args, "okv_kv_seq_cache_attend") })
+    guard(|| unsafe {
+        let args = AttendArgs::new(q, q_len, n_q_heads, out, out_len, options);
+        pools::attend(cache, layer, &args, "okv_kv_seq_cache_attend")
+    })
 }
 
 /// Layer `layer`'s pools (see `okv_pool_view` for how long they stay valid).

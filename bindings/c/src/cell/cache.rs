@@ -135,8 +135,15 @@ pub unsafe extern "C" fn okv_cell_cache_begin_step(
     positions: *const usize,
     n_tokens: usize,
 ) -> okv_status {
-    let what = "okv_cell_cache_begin_step";
-    guard(|| unsafe { verbs::begin_step(cache, seq_ids, positions, n_tokens, what) })
+    guard(|| unsafe {
+        verbs::begin_step(
+            cache,
+            seq_ids,
+            positions,
+            n_tokens,
+            "okv_cell_cache_begin_step",
+        )
+    })
 }
 
 /// The open step's plan for `layer` (pointers valid until the next mutating call).
@@ -161,8 +168,16 @@ pub unsafe extern "C" fn okv_cell_cache_visible(
     cap: usize,
     out_n: *mut usize,
 ) -> okv_status {
-    let what = "okv_cell_cache_visible";
-    guard(|| unsafe { verbs::visible(cache, (layer, token), runs, cap, out_n, what) })
+    guard(|| unsafe {
+        verbs::visible(
+            cache,
+            (layer, token),
+            runs,
+            cap,
+            out_n,
+            "okv_cell_cache_visible",
+        )
+    })
 }
 
 /// The open step's dense mask at `layer`: `*out_rows` (tokens) x `*out_cols`
@@ -175,6 +190,8 @@ pub unsafe extern "C" fn okv_cell_cache_dense_mask(
     out_rows: *mut usize,
     out_cols: *mut usize,
 ) -> okv_status {
-    let outs = (out_mask, out_rows, out_cols);
-    guard(|| unsafe { verbs::dense_mask(cache, layer, outs, "okv_cell_cache_dense_mask") })
+    guard(|| unsafe {
+        let outs = (out_mask, out_rows, out_cols);
+        verbs::dense_mask(cache, layer, outs, "okv_cell_cache_dense_mask")
+    })
 }

@@ -134,8 +134,15 @@ pub unsafe extern "C" fn okv_kv_cell_cache_begin_step(
     positions: *const usize,
     n_tokens: usize,
 ) -> okv_status {
-    let what = "okv_kv_cell_cache_begin_step";
-    guard(|| unsafe { verbs::begin_step(cache, seq_ids, positions, n_tokens, what) })
+    guard(|| unsafe {
+        verbs::begin_step(
+            cache,
+            seq_ids,
+            positions,
+            n_tokens,
+            "okv_kv_cell_cache_begin_step",
+        )
+    })
 }
 
 /// See `okv_cell_cache_plan`.
@@ -158,8 +165,16 @@ pub unsafe extern "C" fn okv_kv_cell_cache_visible(
     cap: usize,
     out_n: *mut usize,
 ) -> okv_status {
-    let what = "okv_kv_cell_cache_visible";
-    guard(|| unsafe { verbs::visible(cache, (layer, token), runs, cap, out_n, what) })
+    guard(|| unsafe {
+        verbs::visible(
+            cache,
+            (layer, token),
+            runs,
+            cap,
+            out_n,
+            "okv_kv_cell_cache_visible",
+        )
+    })
 }
 
 /// See `okv_cell_cache_dense_mask`.
@@ -171,8 +186,10 @@ pub unsafe extern "C" fn okv_kv_cell_cache_dense_mask(
     out_rows: *mut usize,
     out_cols: *mut usize,
 ) -> okv_status {
-    let outs = (out_mask, out_rows, out_cols);
-    guard(|| unsafe { verbs::dense_mask(cache, layer, outs, "okv_kv_cell_cache_dense_mask") })
+    guard(|| unsafe {
+        let outs = (out_mask, out_rows, out_cols);
+        verbs::dense_mask(cache, layer, outs, "okv_kv_cell_cache_dense_mask")
+    })
 }
 
 /// Writes the open step's rows of `layer` to the tokens' cells: `k` and `v`
@@ -187,8 +204,15 @@ pub unsafe extern "C" fn okv_kv_cell_cache_update(
     v: *const f32,
     v_len: usize,
 ) -> okv_status {
-    let what = "okv_kv_cell_cache_update";
-    guard(|| unsafe { pools::update(cache, layer, (k, k_len), (v, v_len), what) })
+    guard(|| unsafe {
+        pools::update(
+            cache,
+            layer,
+            (k, k_len),
+            (v, v_len),
+            "okv_kv_cell_cache_update",
+        )
+    })
 }
 
 /// Attention of the open step at `layer` into `out` (see
@@ -204,8 +228,10 @@ pub unsafe extern "C" fn okv_kv_cell_cache_attend(
     out_len: usize,
     options: *const okv_attend_options,
 ) -> okv_status {
-    let args = AttendArgs::new(q, q_len, n_q_heads, out, out_len, options);
-    guard(|| unsafe { pools::attend(cache, layer, &args, "okv_kv_cell_cache_attend") })
+    guard(|| unsafe {
+        let args = AttendArgs::new(q, q_len, n_q_heads, out, out_len, options);
+        pools::attend(cache, layer, &args, "okv_kv_cell_cache_attend")
+    })
 }
 
 /// Layer `layer`'s pools (valid until the next mutating call on the cache).
