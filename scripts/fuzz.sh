@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8, item 6: runs the cell_ops cargo-fuzz target (fuzz/) for a fixed
+# Runs the cell_ops cargo-fuzz target (fuzz/) for a fixed
 # budget and prints the execution count. Needs the nightly toolchain; installs
 # cargo-fuzz if missing. New corpus entries go to a scratch directory, so the
 # committed corpus (fuzz/corpus/cell_ops, replayed on stable by

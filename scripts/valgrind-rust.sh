@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8, item 4 (Rust part): a reduced but meaningful set of the Rust
+# A reduced but meaningful set of the Rust
 # integration tests under valgrind memcheck. Every memcheck error counts
 # (invalid reads/writes, uninitialised values, bad frees); leaks are not
 # checked (--leak-check=no: thread-locals and process statics by design).

@@ -1,4 +1,4 @@
-//! The fuzz harness on stable (issue 8, item 6): replays every committed
+//! The fuzz harness on stable: replays every committed
 //! corpus input of the `cell_ops` fuzz target (`fuzz/corpus/cell_ops/`) and a
 //! few thousand seeded random inputs through the same decoder and invariant
 //! checker (`tests/fuzz_cell/mod.rs`), so CI catches regressions without

@@ -1,4 +1,4 @@
-//! Issue 8, item 5 (Rust part): eight threads hammer the process-global
+//! Eight threads hammer the process-global
 //! registry with install / get / erase / unique_key. Afterwards no key is lost
 //! or duplicated (the registry holds exactly what the threads installed and did
 //! not erase, each under the value its installer stored), every `unique_key` is

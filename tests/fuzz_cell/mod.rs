@@ -1,4 +1,4 @@
-//! The cell-cache fuzz harness (issue 8, item 6), shared by the `cargo fuzz`
+//! The cell-cache fuzz harness, shared by the `cargo fuzz`
 //! target `fuzz/fuzz_targets/cell_ops.rs` and the stable replay test
 //! `tests/fuzz_replay.rs`.
 //!
