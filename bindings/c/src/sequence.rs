@@ -147,6 +147,19 @@ impl SeqFace for KvSequenceCache {
     }
 }
 
+/// A count the bookkeeping answers, into `o`.
+unsafe fn count<H: Opaque>(
+    h: *const H,
+    o: *mut usize,
+    what: &str,
+    f: fn(&SequenceCache) -> usize,
+) -> R<()>
+where
+    H::Inner: SeqFace,
+{
+    unsafe { query(h, o, what, |c| Ok(f(c.seq()))) }
+}
+
 unsafe fn can_extend<H: Opaque>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()>
 where
     H::Inner: SeqFace,
@@ -213,7 +226,14 @@ pub unsafe extern "C" fn okv_seq_cache_length(
     cache: *const okv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe { query(cache, out_len, "okv_seq_cache_length", |c| Ok(c.length())) })
+    guard(|| unsafe {
+        count(
+            cache,
+            out_len,
+            "okv_seq_cache_length",
+            SequenceCache::length,
+        )
+    })
 }
 
 /// Most tokens the sequence may hold.
@@ -223,9 +243,12 @@ pub unsafe extern "C" fn okv_seq_cache_capacity(
     out_cap: *mut usize,
 ) -> okv_status {
     guard(|| unsafe {
-        query(cache, out_cap, "okv_seq_cache_capacity", |c| {
-            Ok(c.capacity())
-        })
+        count(
+            cache,
+            out_cap,
+            "okv_seq_cache_capacity",
+            SequenceCache::capacity,
+        )
     })
 }
 
@@ -236,9 +259,12 @@ pub unsafe extern "C" fn okv_seq_cache_min_rewind(
     out_len: *mut usize,
 ) -> okv_status {
     guard(|| unsafe {
-        query(cache, out_len, "okv_seq_cache_min_rewind", |c| {
-            Ok(c.min_rewind())
-        })
+        count(
+            cache,
+            out_len,
+            "okv_seq_cache_min_rewind",
+            SequenceCache::min_rewind,
+        )
     })
 }
 
@@ -315,11 +341,11 @@ pub unsafe extern "C" fn okv_kv_seq_cache_length(
     out_len: *mut usize,
 ) -> okv_status {
     guard(|| unsafe {
-        query(
+        count(
             cache,
             out_len,
             "okv_kv_seq_cache_length",
-            |c| Ok(c.length()),
+            SequenceCache::length,
         )
     })
 }
@@ -331,9 +357,12 @@ pub unsafe extern "C" fn okv_kv_seq_cache_capacity(
     out_cap: *mut usize,
 ) -> okv_status {
     guard(|| unsafe {
-        query(cache, out_cap, "okv_kv_seq_cache_capacity", |c| {
-            Ok(c.capacity())
-        })
+        count(
+            cache,
+            out_cap,
+            "okv_kv_seq_cache_capacity",
+            SequenceCache::capacity,
+        )
     })
 }
 
@@ -344,9 +373,12 @@ pub unsafe extern "C" fn okv_kv_seq_cache_min_rewind(
     out_len: *mut usize,
 ) -> okv_status {
     guard(|| unsafe {
-        query(cache, out_len, "okv_kv_seq_cache_min_rewind", |c| {
-            Ok(c.sequence().min_rewind())
-        })
+        count(
+            cache,
+            out_len,
+            "okv_kv_seq_cache_min_rewind",
+            SequenceCache::min_rewind,
+        )
     })
 }
 
