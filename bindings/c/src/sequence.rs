@@ -117,6 +117,10 @@ trait SeqFace {
     fn clear(&mut self);
 }
 
+/// A handle holding either sequence cache: the bound the shared calls take.
+trait SeqHandle: Opaque<Inner: SeqFace> {}
+impl<H: Opaque<Inner: SeqFace>> SeqHandle for H {}
+
 impl SeqFace for SequenceCache {
     fn seq(&self) -> &SequenceCache {
         self
@@ -148,45 +152,30 @@ impl SeqFace for KvSequenceCache {
 }
 
 /// A count the bookkeeping answers, into `o`.
-unsafe fn count<H: Opaque>(
+unsafe fn count<H: SeqHandle>(
     h: *const H,
     o: *mut usize,
     what: &str,
     f: fn(&SequenceCache) -> usize,
-) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+) -> R<()> {
     unsafe { query(h, o, what, |c| Ok(f(c.seq()))) }
 }
 
-unsafe fn can_extend<H: Opaque>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn can_extend<H: SeqHandle>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()> {
     unsafe { query(h, o, what, |c| Ok(c.seq().can_extend(n))) }
 }
 
-unsafe fn begin_step<H: Opaque>(h: *const H, n: usize, o: *mut usize, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn begin_step<H: SeqHandle>(h: *const H, n: usize, o: *mut usize, what: &str) -> R<()> {
     let o = out(o, what)?;
     o.set(unsafe { mutate(h, what, |c| Ok(c.begin_step(n)?)) }?);
     Ok(())
 }
 
-unsafe fn rewind<H: Opaque>(h: *const H, n: usize, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn rewind<H: SeqHandle>(h: *const H, n: usize, what: &str) -> R<()> {
     unsafe { mutate(h, what, |c| Ok(c.rewind(n)?)) }
 }
 
-unsafe fn clear<H: Opaque>(h: *const H, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn clear<H: SeqHandle>(h: *const H, what: &str) -> R<()> {
     unsafe {
         mutate(h, what, |c| {
             c.clear();
@@ -195,10 +184,7 @@ where
     }
 }
 
-unsafe fn plan<H: Opaque>(h: *const H, layer: usize, o: *mut okv_seq_plan, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn plan<H: SeqHandle>(h: *const H, layer: usize, o: *mut okv_seq_plan, what: &str) -> R<()> {
     unsafe { query(h, o, what, |c| Ok(plan_to_c(&c.seq().plan(layer)?))) }
 }
 
