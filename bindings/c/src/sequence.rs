@@ -151,14 +151,16 @@ impl SeqFace for KvSequenceCache {
     }
 }
 
-/// A count the bookkeeping answers, into `o`.
-unsafe fn count<H: SeqHandle>(
-    h: *const H,
-    o: *mut usize,
-    what: &str,
-    f: fn(&SequenceCache) -> usize,
-) -> R<()> {
-    unsafe { query(h, o, what, |c| Ok(f(c.seq()))) }
+unsafe fn length<H: SeqHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
+    unsafe { query(h, o, what, |c| Ok(c.seq().length())) }
+}
+
+unsafe fn capacity<H: SeqHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
+    unsafe { query(h, o, what, |c| Ok(c.seq().capacity())) }
+}
+
+unsafe fn min_rewind<H: SeqHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
+    unsafe { query(h, o, what, |c| Ok(c.seq().min_rewind())) }
 }
 
 unsafe fn can_extend<H: SeqHandle>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()> {
@@ -212,14 +214,7 @@ pub unsafe extern "C" fn okv_seq_cache_length(
     cache: *const okv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        count(
-            cache,
-            out_len,
-            "okv_seq_cache_length",
-            SequenceCache::length,
-        )
-    })
+    guard(|| unsafe { length(cache, out_len, "okv_seq_cache_length") })
 }
 
 /// Most tokens the sequence may hold.
@@ -228,14 +223,7 @@ pub unsafe extern "C" fn okv_seq_cache_capacity(
     cache: *const okv_seq_cache,
     out_cap: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        count(
-            cache,
-            out_cap,
-            "okv_seq_cache_capacity",
-            SequenceCache::capacity,
-        )
-    })
+    guard(|| unsafe { capacity(cache, out_cap, "okv_seq_cache_capacity") })
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
@@ -244,14 +232,7 @@ pub unsafe extern "C" fn okv_seq_cache_min_rewind(
     cache: *const okv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        count(
-            cache,
-            out_len,
-            "okv_seq_cache_min_rewind",
-            SequenceCache::min_rewind,
-        )
-    })
+    guard(|| unsafe { min_rewind(cache, out_len, "okv_seq_cache_min_rewind") })
 }
 
 /// Whether `n` more tokens fit.
@@ -326,14 +307,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_length(
     cache: *const okv_kv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        count(
-            cache,
-            out_len,
-            "okv_kv_seq_cache_length",
-            SequenceCache::length,
-        )
-    })
+    guard(|| unsafe { length(cache, out_len, "okv_kv_seq_cache_length") })
 }
 
 /// Most tokens the sequence may hold.
@@ -342,14 +316,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_capacity(
     cache: *const okv_kv_seq_cache,
     out_cap: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        count(
-            cache,
-            out_cap,
-            "okv_kv_seq_cache_capacity",
-            SequenceCache::capacity,
-        )
-    })
+    guard(|| unsafe { capacity(cache, out_cap, "okv_kv_seq_cache_capacity") })
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
@@ -358,14 +325,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_min_rewind(
     cache: *const okv_kv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        count(
-            cache,
-            out_len,
-            "okv_kv_seq_cache_min_rewind",
-            SequenceCache::min_rewind,
-        )
-    })
+    guard(|| unsafe { min_rewind(cache, out_len, "okv_kv_seq_cache_min_rewind") })
 }
 
 /// Bytes all pools hold.
