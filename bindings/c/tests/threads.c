@@ -42,11 +42,8 @@ static double now(void) {
 }
 
 static okv_kv_seq_cache *filled_cache(okv_config **cfg_out) {
-    okv_config *cfg = NULL;
     okv_layer_config l = {OKV_POLICY_FLAT, 0, HEADS, HD};
-    EXPECT_OK(okv_config_new(CAP, 1, &cfg));
-    EXPECT_OK(okv_config_set_layers(cfg, &l, 1));
-    EXPECT_OK(okv_config_set_max_step(cfg, T));
+    okv_config *cfg = check_config(CAP, 1, l, T);
     okv_kv_seq_cache *kv = NULL;
     EXPECT_OK(okv_kv_seq_cache_new(cfg, &kv));
     float *k = (float *)calloc(HEADS * T * HD, sizeof(float));
