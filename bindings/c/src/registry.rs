@@ -19,7 +19,7 @@ use offgraph_kv::{CacheConfig, CacheError};
 use crate::config::{config_of, okv_config};
 use crate::handle::{live_kind, okv_handle_kind, publish, release};
 use crate::ptr::{cstr, out, slice_mut, Out};
-use crate::status::{fail, guard, okv_status};
+use crate::status::{fail, guard, okv_status, R};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
@@ -28,6 +28,13 @@ struct Entry {
 }
 
 static REGISTRY: LazyLock<Registry<Entry>> = LazyLock::new(Registry::new);
+
+/// A yes/no answer into `out_found`, checked before `ask` reads any name.
+fn found(out_found: *mut bool, what: &str, ask: impl FnOnce() -> R<bool>) -> R<()> {
+    let o = out(out_found, what)?;
+    o.set(ask()?);
+    Ok(())
+}
 
 /// Erases every key naming the handle at `addr` (called when it is freed).
 pub(crate) fn forget(addr: usize) {
@@ -102,11 +109,10 @@ pub unsafe extern "C" fn okv_registry_contains(
     key: *const c_char,
     out_found: *mut bool,
 ) -> okv_status {
-    guard(|| {
-        let o = out(out_found, "okv_registry_contains: out_found")?;
-        let key = unsafe { cstr(key, "okv_registry_contains: key") }?;
-        o.set(REGISTRY.contains(key));
-        Ok(())
+    guard(|| unsafe {
+        found(out_found, "okv_registry_contains: out_found", || {
+            Ok(REGISTRY.contains(cstr(key, "okv_registry_contains: key")?))
+        })
     })
 }
 
@@ -231,12 +237,12 @@ pub unsafe extern "C" fn okv_registry_has_builder(
     kind: *const c_char,
     out_found: *mut bool,
 ) -> okv_status {
-    guard(|| {
-        let o = out(out_found, "okv_registry_has_builder: out_found")?;
-        let b = unsafe { cstr(backend_id, "okv_registry_has_builder: backend_id") }?;
-        let k = unsafe { cstr(kind, "okv_registry_has_builder: kind") }?;
-        o.set(REGISTRY.has_builder(b, k));
-        Ok(())
+    guard(|| unsafe {
+        found(out_found, "okv_registry_has_builder: out_found", || {
+            let b = cstr(backend_id, "okv_registry_has_builder: backend_id")?;
+            let k = cstr(kind, "okv_registry_has_builder: kind")?;
+            Ok(REGISTRY.has_builder(b, k))
+        })
     })
 }
 

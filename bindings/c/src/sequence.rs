@@ -117,6 +117,10 @@ trait SeqFace {
     fn clear(&mut self);
 }
 
+/// A handle holding either sequence cache: the bound the shared calls take.
+trait SeqHandle: Opaque<Inner: SeqFace> {}
+impl<H: Opaque<Inner: SeqFace>> SeqHandle for H {}
+
 impl SeqFace for SequenceCache {
     fn seq(&self) -> &SequenceCache {
         self
@@ -147,33 +151,33 @@ impl SeqFace for KvSequenceCache {
     }
 }
 
-unsafe fn can_extend<H: Opaque>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn length<H: SeqHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
+    unsafe { query(h, o, what, |c| Ok(c.seq().length())) }
+}
+
+unsafe fn capacity<H: SeqHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
+    unsafe { query(h, o, what, |c| Ok(c.seq().capacity())) }
+}
+
+unsafe fn min_rewind<H: SeqHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
+    unsafe { query(h, o, what, |c| Ok(c.seq().min_rewind())) }
+}
+
+unsafe fn can_extend<H: SeqHandle>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()> {
     unsafe { query(h, o, what, |c| Ok(c.seq().can_extend(n))) }
 }
 
-unsafe fn begin_step<H: Opaque>(h: *const H, n: usize, o: *mut usize, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn begin_step<H: SeqHandle>(h: *const H, n: usize, o: *mut usize, what: &str) -> R<()> {
     let o = out(o, what)?;
     o.set(unsafe { mutate(h, what, |c| Ok(c.begin_step(n)?)) }?);
     Ok(())
 }
 
-unsafe fn rewind<H: Opaque>(h: *const H, n: usize, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn rewind<H: SeqHandle>(h: *const H, n: usize, what: &str) -> R<()> {
     unsafe { mutate(h, what, |c| Ok(c.rewind(n)?)) }
 }
 
-unsafe fn clear<H: Opaque>(h: *const H, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn clear<H: SeqHandle>(h: *const H, what: &str) -> R<()> {
     unsafe {
         mutate(h, what, |c| {
             c.clear();
@@ -182,10 +186,7 @@ where
     }
 }
 
-unsafe fn plan<H: Opaque>(h: *const H, layer: usize, o: *mut okv_seq_plan, what: &str) -> R<()>
-where
-    H::Inner: SeqFace,
-{
+unsafe fn plan<H: SeqHandle>(h: *const H, layer: usize, o: *mut okv_seq_plan, what: &str) -> R<()> {
     unsafe { query(h, o, what, |c| Ok(plan_to_c(&c.seq().plan(layer)?))) }
 }
 
@@ -213,7 +214,7 @@ pub unsafe extern "C" fn okv_seq_cache_length(
     cache: *const okv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe { query(cache, out_len, "okv_seq_cache_length", |c| Ok(c.length())) })
+    guard(|| unsafe { length(cache, out_len, "okv_seq_cache_length") })
 }
 
 /// Most tokens the sequence may hold.
@@ -222,11 +223,7 @@ pub unsafe extern "C" fn okv_seq_cache_capacity(
     cache: *const okv_seq_cache,
     out_cap: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        query(cache, out_cap, "okv_seq_cache_capacity", |c| {
-            Ok(c.capacity())
-        })
-    })
+    guard(|| unsafe { capacity(cache, out_cap, "okv_seq_cache_capacity") })
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
@@ -235,11 +232,7 @@ pub unsafe extern "C" fn okv_seq_cache_min_rewind(
     cache: *const okv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        query(cache, out_len, "okv_seq_cache_min_rewind", |c| {
-            Ok(c.min_rewind())
-        })
-    })
+    guard(|| unsafe { min_rewind(cache, out_len, "okv_seq_cache_min_rewind") })
 }
 
 /// Whether `n` more tokens fit.
@@ -314,14 +307,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_length(
     cache: *const okv_kv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        query(
-            cache,
-            out_len,
-            "okv_kv_seq_cache_length",
-            |c| Ok(c.length()),
-        )
-    })
+    guard(|| unsafe { length(cache, out_len, "okv_kv_seq_cache_length") })
 }
 
 /// Most tokens the sequence may hold.
@@ -330,11 +316,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_capacity(
     cache: *const okv_kv_seq_cache,
     out_cap: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        query(cache, out_cap, "okv_kv_seq_cache_capacity", |c| {
-            Ok(c.capacity())
-        })
-    })
+    guard(|| unsafe { capacity(cache, out_cap, "okv_kv_seq_cache_capacity") })
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
@@ -343,11 +325,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_min_rewind(
     cache: *const okv_kv_seq_cache,
     out_len: *mut usize,
 ) -> okv_status {
-    guard(|| unsafe {
-        query(cache, out_len, "okv_kv_seq_cache_min_rewind", |c| {
-            Ok(c.sequence().min_rewind())
-        })
-    })
+    guard(|| unsafe { min_rewind(cache, out_len, "okv_kv_seq_cache_min_rewind") })
 }
 
 /// Bytes all pools hold.

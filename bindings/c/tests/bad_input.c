@@ -12,12 +12,8 @@
 enum { HEADS = 2, HD = 8, CAP = 32, LAYERS = 2 };
 
 static okv_config *make_config(uint32_t policy, size_t window, size_t max_step) {
-    okv_config *cfg = NULL;
     okv_layer_config l = {policy, window, HEADS, HD};
-    EXPECT_OK(okv_config_new(CAP, LAYERS, &cfg));
-    EXPECT_OK(okv_config_set_layers(cfg, &l, 1));
-    EXPECT_OK(okv_config_set_max_step(cfg, max_step));
-    return cfg;
+    return check_config(CAP, LAYERS, l, max_step);
 }
 
 static void fill(float *x, size_t n, float base) {

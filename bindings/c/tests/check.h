@@ -31,6 +31,16 @@ static int checks_passed, checks_failed;
 
 #define EXPECT_OK(call) EXPECT_STATUS(call, OKV_OK)
 
+/* A config of `n_layers` layers alike, admitting steps of up to `max_step`
+ * tokens: the setup most tests start from. */
+static inline okv_config *check_config(size_t capacity, size_t n_layers, okv_layer_config layer, size_t max_step) {
+    okv_config *cfg = NULL;
+    EXPECT_OK(okv_config_new(capacity, n_layers, &cfg));
+    EXPECT_OK(okv_config_set_layers(cfg, &layer, 1));
+    EXPECT_OK(okv_config_set_max_step(cfg, max_step));
+    return cfg;
+}
+
 /* The closing line scripts/test-c.sh adds up; the exit code fails the run. */
 #define CHECK_SUMMARY(name)                                                                    \
     (printf("%s: %d passed, %d failed\n", name, checks_passed, checks_failed), checks_failed ? 1 : 0)

@@ -101,11 +101,8 @@ static void test_kv_cell_decode(void) {
     /* Ring layers only: each sequence's ring cells stay bounded, so a steady
      * decode reuses every buffer (a flat layer's per-sequence lists grow by
      * doubling instead). */
-    okv_config *cfg = NULL;
     okv_layer_config ring = {OKV_POLICY_RING, WINDOW, HEADS, HD};
-    EXPECT_OK(okv_config_new(CAP, LAYERS, &cfg));
-    EXPECT_OK(okv_config_set_layers(cfg, &ring, 1));
-    EXPECT_OK(okv_config_set_max_step(cfg, 2));
+    okv_config *cfg = check_config(CAP, LAYERS, ring, 2);
     EXPECT_OK(okv_config_set_initial_capacity(cfg, CAP));
     okv_kv_cell_cache *kc = NULL;
     EXPECT_OK(okv_kv_cell_cache_new(cfg, 4 * WINDOW, 2, &kc));

@@ -42,11 +42,8 @@ static double now(void) {
 }
 
 static okv_kv_seq_cache *filled_cache(okv_config **cfg_out) {
-    okv_config *cfg = NULL;
     okv_layer_config l = {OKV_POLICY_FLAT, 0, HEADS, HD};
-    EXPECT_OK(okv_config_new(CAP, 1, &cfg));
-    EXPECT_OK(okv_config_set_layers(cfg, &l, 1));
-    EXPECT_OK(okv_config_set_max_step(cfg, T));
+    okv_config *cfg = check_config(CAP, 1, l, T);
     okv_kv_seq_cache *kv = NULL;
     EXPECT_OK(okv_kv_seq_cache_new(cfg, &kv));
     float *k = (float *)calloc(HEADS * T * HD, sizeof(float));
@@ -60,13 +57,19 @@ static okv_kv_seq_cache *filled_cache(okv_config **cfg_out) {
     return kv;
 }
 
+/* A worker's state over a filled cache; the caller starts the thread. */
+static void worker_setup(worker_state *w, okv_config **cfg, int yield_between) {
+    memset(w, 0, sizeof *w);
+    w->kv = filled_cache(cfg);
+    w->q = (float *)calloc(QH * T * HD, sizeof(float));
+    w->out = (float *)calloc(QH * T * HD, sizeof(float));
+    w->yield_between = yield_between;
+}
+
 static void test_busy(void) {
     okv_config *cfg = NULL;
     worker_state w;
-    memset(&w, 0, sizeof w);
-    w.kv = filled_cache(&cfg);
-    w.q = (float *)calloc(QH * T * HD, sizeof(float));
-    w.out = (float *)calloc(QH * T * HD, sizeof(float));
+    worker_setup(&w, &cfg, 0);
     size_t len = 0, before = 0;
     EXPECT_OK(okv_kv_seq_cache_length(w.kv, &before));
     EXPECT(before == 16 * T);
@@ -105,11 +108,7 @@ static void test_busy(void) {
 static void test_free_racing_a_call(void) {
     okv_config *cfg = NULL;
     worker_state w;
-    memset(&w, 0, sizeof w);
-    w.kv = filled_cache(&cfg);
-    w.q = (float *)calloc(QH * T * HD, sizeof(float));
-    w.out = (float *)calloc(QH * T * HD, sizeof(float));
-    w.yield_between = 1;
+    worker_setup(&w, &cfg, 1);
     pthread_t th;
     pthread_create(&th, NULL, worker, &w);
     while (atomic_load(&w.calls) == 0) sched_yield();

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use offgraph_kv::{CellCache, KvCellCache};
 
-use crate::handle::opaque;
+use crate::handle::{opaque, Opaque};
 
 mod cache;
 mod kv_cache;
@@ -76,6 +76,10 @@ pub(crate) trait CellFace {
     fn cells(&self) -> &CellCache;
     fn cells_mut(&mut self) -> &mut CellCache;
 }
+
+/// A handle holding either cell cache: the bound every verb takes.
+pub(crate) trait CellHandle: Opaque<Inner: CellFace> {}
+impl<H: Opaque<Inner: CellFace>> CellHandle for H {}
 
 impl CellFace for CellCache {
     fn cells(&self) -> &CellCache {

@@ -6,35 +6,29 @@ use std::cell::RefCell;
 
 use offgraph_kv::{CellCache, SeqId};
 
-use super::{okv_cell_plan, CellFace, OKV_NONE};
-use crate::handle::{lock, mutate, query, Opaque};
+use super::{okv_cell_plan, CellFace, CellHandle, OKV_NONE};
+use crate::handle::{lock, mutate, query};
 use crate::ids;
 use crate::ptr::{out, slice, slice_mut};
 use crate::sequence::okv_run;
 use crate::status::{fail, okv_status, R};
 
 /// A value read from the bookkeeping into `o`.
-unsafe fn read<H: Opaque, T>(
+unsafe fn read<H: CellHandle, T>(
     h: *const H,
     o: *mut T,
     what: &str,
     f: impl FnOnce(&CellCache) -> R<T>,
-) -> R<()>
-where
-    H::Inner: CellFace,
-{
+) -> R<()> {
     unsafe { query(h, o, what, |c| f(c.cells())) }
 }
 
 /// A change to the bookkeeping.
-unsafe fn write<H: Opaque, T>(
+unsafe fn write<H: CellHandle, T>(
     h: *const H,
     what: &str,
     f: impl FnOnce(&mut CellCache) -> R<T>,
-) -> R<T>
-where
-    H::Inner: CellFace,
-{
+) -> R<T> {
     unsafe { mutate(h, what, |c| f(c.cells_mut())) }
 }
 
@@ -43,26 +37,20 @@ fn bound(p: usize) -> Option<usize> {
     (p != OKV_NONE).then_some(p)
 }
 
-pub(super) unsafe fn seq_new<H: Opaque>(h: *const H, o: *mut u64, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn seq_new<H: CellHandle>(h: *const H, o: *mut u64, what: &str) -> R<()> {
     let o = out(o, what)?;
     let id = unsafe { write(h, what, |c| Ok(c.seq_new()?)) }?;
     o.set(ids::to_c(id));
     Ok(())
 }
 
-pub(super) unsafe fn seq_clone<H: Opaque>(
+pub(super) unsafe fn seq_clone<H: CellHandle>(
     h: *const H,
     src: u64,
     upto: usize,
     o: *mut u64,
     what: &str,
-) -> R<()>
-where
-    H::Inner: CellFace,
-{
+) -> R<()> {
     let o = out(o, what)?;
     let id = unsafe {
         write(h, what, |c| {
@@ -73,16 +61,13 @@ where
     Ok(())
 }
 
-pub(super) unsafe fn seq_rm<H: Opaque>(
+pub(super) unsafe fn seq_rm<H: CellHandle>(
     h: *const H,
     seq: u64,
     p0: usize,
     p1: usize,
     what: &str,
-) -> R<()>
-where
-    H::Inner: CellFace,
-{
+) -> R<()> {
     unsafe {
         write(h, what, |c| {
             Ok(c.seq_rm(ids::from_c(seq, what)?, p0, bound(p1))?)
@@ -90,52 +75,46 @@ where
     }
 }
 
-pub(super) unsafe fn seq_free<H: Opaque>(h: *const H, seq: u64, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn seq_free<H: CellHandle>(h: *const H, seq: u64, what: &str) -> R<()> {
     unsafe { write(h, what, |c| Ok(c.seq_free(ids::from_c(seq, what)?)?)) }
 }
 
-pub(super) unsafe fn next_pos<H: Opaque>(h: *const H, seq: u64, o: *mut usize, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn next_pos<H: CellHandle>(
+    h: *const H,
+    seq: u64,
+    o: *mut usize,
+    what: &str,
+) -> R<()> {
     unsafe { read(h, o, what, |c| Ok(c.next_pos(ids::from_c(seq, what)?)?)) }
 }
 
-pub(super) unsafe fn seq_len<H: Opaque>(h: *const H, seq: u64, o: *mut usize, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn seq_len<H: CellHandle>(
+    h: *const H,
+    seq: u64,
+    o: *mut usize,
+    what: &str,
+) -> R<()> {
     unsafe { read(h, o, what, |c| Ok(c.seq_len(ids::from_c(seq, what)?)?)) }
 }
 
-pub(super) unsafe fn free_cells<H: Opaque>(h: *const H, o: *mut usize, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn free_cells<H: CellHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
     unsafe { read(h, o, what, |c| Ok(c.free_cells())) }
 }
 
-pub(super) unsafe fn capacity<H: Opaque>(h: *const H, o: *mut usize, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn capacity<H: CellHandle>(h: *const H, o: *mut usize, what: &str) -> R<()> {
     unsafe { read(h, o, what, |c| Ok(c.capacity())) }
 }
 
-pub(super) unsafe fn can_extend<H: Opaque>(h: *const H, n: usize, o: *mut bool, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn can_extend<H: CellHandle>(
+    h: *const H,
+    n: usize,
+    o: *mut bool,
+    what: &str,
+) -> R<()> {
     unsafe { read(h, o, what, |c| Ok(c.can_extend(n))) }
 }
 
-pub(super) unsafe fn clear<H: Opaque>(h: *const H, what: &str) -> R<()>
-where
-    H::Inner: CellFace,
-{
+pub(super) unsafe fn clear<H: CellHandle>(h: *const H, what: &str) -> R<()> {
     unsafe {
         write(h, what, |c| {
             c.clear();
@@ -148,16 +127,13 @@ thread_local! {
     static ID_SCRATCH: RefCell<Vec<SeqId>> = const { RefCell::new(Vec::new()) };
 }
 
-pub(super) unsafe fn begin_step<H: Opaque>(
+pub(super) unsafe fn begin_step<H: CellHandle>(
     h: *const H,
     seq_ids: *const u64,
     positions: *const usize,
     n: usize,
     what: &str,
-) -> R<()>
-where
-    H::Inner: CellFace,
-{
+) -> R<()> {
     let mut c = unsafe { lock(h, what) }?;
     let raw = unsafe { slice(seq_ids, n, "begin_step: seq_ids") }?;
     let pos = unsafe { slice(positions, n, "begin_step: positions") }?;
@@ -179,15 +155,12 @@ where
     })
 }
 
-pub(super) unsafe fn plan<H: Opaque>(
+pub(super) unsafe fn plan<H: CellHandle>(
     h: *const H,
     layer: usize,
     o: *mut okv_cell_plan,
     what: &str,
-) -> R<()>
-where
-    H::Inner: CellFace,
-{
+) -> R<()> {
     unsafe {
         read(h, o, what, |c| {
             let p = c.plan(layer)?;
@@ -203,17 +176,14 @@ where
     }
 }
 
-pub(super) unsafe fn visible<H: Opaque>(
+pub(super) unsafe fn visible<H: CellHandle>(
     h: *const H,
     (layer, token): (usize, usize),
     runs: *mut okv_run,
     cap: usize,
     n_out: *mut usize,
     what: &str,
-) -> R<()>
-where
-    H::Inner: CellFace,
-{
+) -> R<()> {
     let n_out = out(n_out, what)?;
     let c = unsafe { lock(h, what) }?;
     let v = c.cells().plan(layer)?.visible(token)?;
@@ -238,15 +208,12 @@ where
     Ok(())
 }
 
-pub(super) unsafe fn dense_mask<H: Opaque>(
+pub(super) unsafe fn dense_mask<H: CellHandle>(
     h: *const H,
     layer: usize,
     (mask, rows, cols): (*mut *const u8, *mut usize, *mut usize),
     what: &str,
-) -> R<()>
-where
-    H::Inner: CellFace,
-{
+) -> R<()> {
     let (mask, rows, cols) = (out(mask, what)?, out(rows, what)?, out(cols, what)?);
     let mut c = unsafe { lock(h, what) }?;
     let cells = c.cells_mut();
