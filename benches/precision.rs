@@ -2,8 +2,9 @@
 //!
 //! T = 1, 8 KV heads, 32 query heads, head_dim 128, contexts 2048 and 8192,
 //! 1 and 2 threads, K and V of each dtype (`native`), plus `floor_<dtype>`: a
-//! plain 32-lane streaming read of that dtype's K and V bytes split over the
-//! same threads. Cold cache: every iteration's untimed setup reads a 96 MiB
+//! SIMD streaming read of that dtype's K and V bytes (AVX-512 loads, 8
+//! independent accumulators, K and V side by side, prefetched into L2 like
+//! the kernel) split over the same threads as the kernel splits its heads. Cold cache: every iteration's untimed setup reads a 96 MiB
 //! buffer (3× this machine's L3). It also prints bytes per token of a
 //! Gemma-3-270M-shaped and a Llama-3-8B-shaped cache per dtype.
 //!
