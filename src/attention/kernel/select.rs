@@ -22,7 +22,8 @@ pub(in crate::attention) fn select_isa(want: NativeIsa) -> Result<IsaPath> {
     {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f");
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
         match want {
             NativeIsa::Auto if avx512 => Ok(IsaPath::Avx512),
             NativeIsa::Auto if avx2 => Ok(IsaPath::Avx2),
@@ -49,7 +50,7 @@ pub(in crate::attention) fn run_native(isa: IsaPath, b: &Block<'_>, st: &mut Sta
         // SAFETY: `select_isa` returned Avx512 only after detecting avx512f.
         #[cfg(target_arch = "x86_64")]
         IsaPath::Avx512 => unsafe { super::avx512::block_avx512(b, st) },
-        // SAFETY: `select_isa` returned Avx2 only after detecting avx2 and fma.
+        // SAFETY: `select_isa` returned Avx2 only after detecting avx2, fma and f16c.
         #[cfg(target_arch = "x86_64")]
         IsaPath::Avx2 => unsafe { super::avx2::block_avx2(b, st) },
         // SAFETY: the portable kernel needs no CPU feature; the block comes from a validated geometry.
