@@ -13,7 +13,7 @@
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
+use offgraph_kv::attention::{attend_into, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::dtype::encode;
 use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
 use std::hint::black_box;
@@ -107,13 +107,23 @@ fn decode(c: &mut Criterion) {
                     backend: Backend::Native,
                     ..Default::default()
                 };
-                g.bench_function(BenchmarkId::new(dtype.name(), ctx), |b| {
-                    b.iter_batched(
-                        || black_box(read_sum(&flush_buf)),
-                        |_| attend_into(&q, [N_Q, 1, HD], &spec, &opts, &mut out).unwrap(),
-                        BatchSize::PerIteration,
-                    )
-                });
+                let mut variants = vec![(dtype.name().to_string(), opts)];
+                if dtype == KvDtype::Q8_0 && std::arch::is_x86_feature_detected!("avx512vnni") {
+                    let vnni = AttendOptions {
+                        native_isa: NativeIsa::Avx512Vnni,
+                        ..opts
+                    };
+                    variants.push(("q8_0_vnni".into(), vnni));
+                }
+                for (name, opts) in variants {
+                    g.bench_function(BenchmarkId::new(name, ctx), |b| {
+                        b.iter_batched(
+                            || black_box(read_sum(&flush_buf)),
+                            |_| attend_into(&q, [N_Q, 1, HD], &spec, &opts, &mut out).unwrap(),
+                            BatchSize::PerIteration,
+                        )
+                    });
+                }
             }
         }
         g.finish();

@@ -114,6 +114,9 @@ pub enum NativeIsa {
     Avx2,
     /// The portable kernel without extra target features.
     Scalar,
+    /// AVX-512 with q8_0 keys scored by VNNI integer dot products against q
+    /// quantized once per step (the other dtypes as `Avx512`).
+    Avx512Vnni,
 }
 
 /// Options of [`attend`].

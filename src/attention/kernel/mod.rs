@@ -65,6 +65,9 @@ pub(crate) struct Step {
     pub hd: usize,
     /// `nr * hd` floats.
     pub acc: *mut f32,
+    /// The query rows quantized by [`Isa::quantize_q`] for integer dot
+    /// products with q8_0 keys; null when the step widens K instead.
+    pub q8: *const u8,
 }
 
 /// The ISA-specific micro-kernels.
@@ -97,6 +100,17 @@ pub(crate) trait Isa: Copy {
     /// `s` hold what [`Step`] documents, `nk, nkp <= KT`; the CPU supports the ISA.
     #[inline(always)]
     unsafe fn scores_pv_stored(_s: Step) {}
+
+    /// Quantizes the `nr` query rows for integer dot products with q8_0 keys
+    /// into `out` (the ISA's layout) and returns it, or null where the ISA
+    /// widens q8_0 keys to f32 instead.
+    ///
+    /// # Safety
+    /// `qs` holds `nr * hd` floats, `out` `4 * nr * hd` bytes; the CPU supports the ISA.
+    #[inline(always)]
+    unsafe fn quantize_q(_qs: *const f32, _nr: usize, _hd: usize, _out: *mut u8) -> *const u8 {
+        std::ptr::null()
+    }
 
     /// Widens `n_rows` stored rows of `dtype` (`src`, `dtype.row_bytes(hd)`
     /// bytes each) into `dst` (`n_rows * hd` floats). Float32 rows are never
@@ -161,12 +175,19 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
     // Previous tile: (first pool row, keys to accumulate; 0 when no row saw it).
     let mut prev = (0usize, 0usize);
     let mut cur = 0usize;
+    // q quantized once for the whole block (its conv tiles stay unused on the stored path).
+    let q8 = if b.k.dtype == KvDtype::Q8_0 && I::stored_ok(nr, hd) && conv.len() >= nr * hd {
+        // SAFETY: qs holds nr*hd floats, conv 4*nr*hd bytes (checked).
+        unsafe { I::quantize_q(b.qs.as_ptr(), nr, hd, conv.as_mut_ptr().cast()) }
+    } else {
+        std::ptr::null()
+    };
     for (row0, nk, j) in tiles {
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
         // SAFETY: the tiles lie inside the head's rows (validated runs); the
         // buffers are sized per the contract; nk, prev.1 <= KT.
-        unsafe { step::<I>(b, (row0, nk), prev, sc, p, acc, conv) };
+        unsafe { step::<I>(b, (row0, nk), prev, sc, p, acc, conv, q8) };
         let mut any = false;
         for r in 0..nr {
             let (lo, hi) = (b.lo[r], b.hi[r]);
@@ -193,7 +214,7 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
         // SAFETY: as in the loop; no keys for the scores half.
-        unsafe { step::<I>(b, (0, 0), prev, sc, p, acc, conv) };
+        unsafe { step::<I>(b, (0, 0), prev, sc, p, acc, conv, q8) };
     }
 }
 
@@ -203,8 +224,10 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
 ///
 /// # Safety
 /// The tiles lie inside the head's rows; `sc`, `p` hold `nr * KT` floats,
-/// `acc` `nr * hd`, `conv` `2 * KT * hd`; keys <= KT; the CPU supports `I`.
+/// `acc` `nr * hd`, `conv` `2 * KT * hd`; keys <= KT; `q8` null or from
+/// `I::quantize_q` of this block (and `conv` then unused); the CPU supports `I`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn step<I: Isa>(
     b: &Block<'_>,
     kt: (usize, usize),
@@ -213,6 +236,7 @@ unsafe fn step<I: Isa>(
     p: &[f32],
     acc: &mut [f32],
     conv: &mut [f32],
+    q8: *const u8,
 ) {
     let (hd, nr) = (b.hd, b.nr);
     if I::stored_ok(nr, hd) {
@@ -230,6 +254,7 @@ unsafe fn step<I: Isa>(
             nkp: vt.1,
             hd,
             acc: acc.as_mut_ptr(),
+            q8,
         };
         // SAFETY: stored_ok held; the slices above hold the tiles' rows.
         return unsafe { I::scores_pv_stored(s) };

@@ -31,10 +31,29 @@ pub(crate) trait Simd: Copy {
     unsafe fn bf16(p: *const u8) -> Self::R;
     /// `W` int8 values at `q` times the float16 scale with bits `d`.
     unsafe fn q8(d: u16, q: *const u8) -> Self::R;
+
+    /// Whether [`Simd::q8_dots`] computes q8_0 key scores by integer dots.
+    const INT8: bool = false;
+    /// `out[i * KB + jj]` = score of query row `i < R` (quantized at `q8` by
+    /// the ISA's `quantize_q`) with the q8_0 key row `kp[jj]`, `jj < KB`.
+    ///
+    /// # Safety
+    /// `INT8`; `q8` from `quantize_q` for at least `R` rows of `hd`; each
+    /// `kp[jj]` a whole q8_0 row of `hd`.
+    #[inline(always)]
+    unsafe fn q8_dots<const R: usize>(
+        _q8: *const u8,
+        _kp: &[*const u8; 4],
+        _hd: usize,
+        _out: &mut [f32; 16],
+    ) {
+    }
 }
 
 /// Widens `S::W` stored values of one row in registers.
 pub(crate) trait Load: Copy {
+    /// Rows are q8_0 blocks (integer dots may serve them).
+    const Q8: bool = false;
     /// Values `[d, d + W)` of the row at `row`.
     ///
     /// # Safety
@@ -77,6 +96,7 @@ impl Load for LBf16 {
 }
 
 impl Load for LQ8 {
+    const Q8: bool = true;
     #[inline(always)]
     unsafe fn load<S: Simd>(row: *const u8, d: usize) -> S::R {
         // SAFETY: contract of `load`: block d / 32 (34 bytes) lies in the row,

@@ -90,23 +90,27 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
             while j0 < s.nk.min(g + PG) {
                 let kp: [*const u8; 4] =
                     core::array::from_fn(|i| s.k.wrapping_add((j0 + i).min(s.nk - 1) * krb));
-                let mut a = [S::zero(); 16];
-                let mut d = 0;
-                while d < hd {
-                    let q: [S::R; R] = core::array::from_fn(|i| S::loadu(qp[i].add(d)));
-                    for jj in 0..S::KB {
-                        let kv = K::load::<S>(kp[jj], d);
-                        for i in 0..R {
-                            a[i * S::KB + jj] = S::fmadd(q[i], kv, a[i * S::KB + jj]);
+                let mut sums = [0.0f32; 16];
+                if K::Q8 && S::INT8 && !s.q8.is_null() {
+                    S::q8_dots::<R>(s.q8, &kp, hd, &mut sums);
+                } else {
+                    let mut a = [S::zero(); 16];
+                    let mut d = 0;
+                    while d < hd {
+                        let q: [S::R; R] = core::array::from_fn(|i| S::loadu(qp[i].add(d)));
+                        for jj in 0..S::KB {
+                            let kv = K::load::<S>(kp[jj], d);
+                            for i in 0..R {
+                                a[i * S::KB + jj] = S::fmadd(q[i], kv, a[i * S::KB + jj]);
+                            }
                         }
+                        d += S::W;
                     }
-                    d += S::W;
+                    S::hsum(&a, &mut sums);
                 }
                 for r in &kp[..S::KB] {
                     prefetch_row(*r, krb);
                 }
-                let mut sums = [0.0f32; 16];
-                S::hsum(&a, &mut sums);
                 for i in 0..R {
                     for jj in 0..S::KB.min(s.nk - j0) {
                         *s.sc.add(i * KT + j0 + jj) = sums[i * S::KB + jj];

@@ -3,14 +3,25 @@ use super::{run_block, Block, Isa, State, Step, KT};
 use crate::dtype::KvDtype;
 use std::arch::x86_64::*;
 
+mod vnni;
+
+/// The AVX-512F micro-kernels; `VNNI`: q8_0 keys by integer dot products
+/// (`vnni`) instead of widening them to f32.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512;
+pub(crate) struct Avx512<const VNNI: bool>;
 
 /// Runs one block with the AVX-512F micro-kernels.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn block_avx512(b: &Block<'_>, st: &mut State<'_>) {
     // SAFETY: the caller checked avx512f; the block comes from a validated geometry.
-    unsafe { run_block::<Avx512>(b, st) }
+    unsafe { run_block::<Avx512<false>>(b, st) }
+}
+
+/// [`block_avx512`] with q8_0 keys by VNNI integer dot products.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn block_avx512_vnni(b: &Block<'_>, st: &mut State<'_>) {
+    // SAFETY: the caller checked avx512f, bw and vnni; the block comes from a validated geometry.
+    unsafe { run_block::<Avx512<true>>(b, st) }
 }
 
 /// Lane `i` of the result is the horizontal sum of `v[i]`: a transpose-add
@@ -153,7 +164,7 @@ unsafe fn block4x4(qp: &[*const f32; 4], kp: &[*const f32; 4], hd: usize, pf: bo
     }
 }
 
-impl Isa for Avx512 {
+impl<const VNNI: bool> Isa for Avx512<VNNI> {
     #[inline(always)]
     unsafe fn decode_rows(dtype: KvDtype, src: *const u8, n_rows: usize, hd: usize, dst: *mut f32) {
         // SAFETY: the trait contract; the register path only for whole vectors.
@@ -163,6 +174,16 @@ impl Isa for Avx512 {
     #[inline(always)]
     fn stored_ok(nr: usize, hd: usize) -> bool {
         nr <= 4 && hd.is_multiple_of(16)
+    }
+
+    #[inline(always)]
+    unsafe fn quantize_q(qs: *const f32, nr: usize, hd: usize, out: *mut u8) -> *const u8 {
+        if !VNNI || !hd.is_multiple_of(64) {
+            return std::ptr::null();
+        }
+        // SAFETY: the trait contract (4 * nr * hd bytes cover vnni's layout).
+        unsafe { vnni::quantize(qs, nr, hd, out) };
+        out
     }
 
     #[inline(always)]
@@ -317,7 +338,7 @@ unsafe fn pv_rows<const R: usize>(
     }
 }
 
-impl Simd for Avx512 {
+impl<const VNNI: bool> Simd for Avx512<VNNI> {
     type R = __m512;
     const W: usize = 16;
     const KB: usize = 4;
@@ -364,5 +385,15 @@ impl Simd for Avx512 {
             let q = _mm_loadu_si128(q.cast());
             _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)))
         }
+    }
+    const INT8: bool = VNNI;
+    #[inline(always)]
+    unsafe fn q8_dots<const R: usize>(
+        q8: *const u8,
+        kp: &[*const u8; 4],
+        hd: usize,
+        out: &mut [f32; 16],
+    ) {
+        unsafe { vnni::dots::<R>(q8, kp, hd, out) }
     }
 }
