@@ -177,7 +177,7 @@ fn int8_scores(isa: NativeIsa, nq: usize, spec: &AttendSpec<'_>) -> bool {
     };
     isa == NativeIsa::Avx512Vnni
         && spec.k.dtype == KvDtype::Q8_0
-        && spec.head_dim % 64 == 0
+        && spec.head_dim.is_multiple_of(64)
         && rows <= 4
 }
 
