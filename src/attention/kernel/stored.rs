@@ -15,21 +15,18 @@ use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
 /// 16 keys 3.2-3.9 ms, unpipelined 3.6-4.2 ms (read floor 2.5-3.0 ms).
 const PG: usize = 4;
 
-/// Prefetches one stored row a tile (`KT` rows) ahead, into L2. Decode ctx
-/// 8192, 1 thread, cold: T1 at 16-32 KiB ahead 4.4-4.5 ms, 48 KiB 4.8 ms, T0
-/// 6.8-7.0 ms (it fills L1's few miss buffers), T2 4.6 ms.
+/// Prefetches, into L2, the bytes of values `d..` of the row a tile (`KT`
+/// rows of `rb` bytes) ahead, issued beside each load as it is consumed.
+/// Decode ctx 8192, 1 thread, cold: T1 at 16-32 KiB ahead 4.4-4.5 ms, 48 KiB
+/// 4.8 ms, T0 6.8-7.0 ms (it fills L1's few miss buffers), T2 4.6 ms.
 #[inline(always)]
-unsafe fn prefetch_row(row: *const u8, rb: usize) {
-    let ahead = row.wrapping_add(KT * rb);
-    let mut o = 0;
-    while o < rb {
-        // SAFETY: a prefetch never faults; the address is only computed.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(o).cast::<i8>())
-        };
-        o += 64;
-    }
+fn prefetch_ahead(row: *const u8, rb: usize, d: usize, hd: usize) {
+    let at = row.wrapping_add(KT * rb + d * rb / hd);
+    // SAFETY: a prefetch never faults; the address is only computed.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T1>(at.cast::<i8>())
+    };
 }
 
 /// Runs `s` with the loaders of its K and V dtypes.
@@ -93,6 +90,11 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
                 let mut sums = [0.0f32; 16];
                 if K::Q8 && S::INT8 && !s.q8.is_null() {
                     S::q8_dots::<R>(s.q8, &kp, hd, &mut sums);
+                    for r in &kp[..S::KB] {
+                        for o in (0..krb).step_by(64) {
+                            prefetch_ahead(r.wrapping_add(o), krb, 0, hd);
+                        }
+                    }
                 } else {
                     let mut a = [S::zero(); 16];
                     let mut d = 0;
@@ -100,6 +102,7 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
                         let q: [S::R; R] = core::array::from_fn(|i| S::loadu(qp[i].add(d)));
                         for jj in 0..S::KB {
                             let kv = K::load::<S>(kp[jj], d);
+                            prefetch_ahead(kp[jj], krb, d, hd);
                             for i in 0..R {
                                 a[i * S::KB + jj] = S::fmadd(q[i], kv, a[i * S::KB + jj]);
                             }
@@ -107,9 +110,6 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
                         d += S::W;
                     }
                     S::hsum(&a, &mut sums);
-                }
-                for r in &kp[..S::KB] {
-                    prefetch_row(*r, krb);
                 }
                 for i in 0..R {
                     for jj in 0..S::KB.min(s.nk - j0) {
@@ -120,15 +120,13 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
             }
             if g < s.nkp {
                 let n = (s.nkp - g).min(PG);
-                for j in g..g + n {
-                    prefetch_row(s.v.add(j * vrb), vrb);
-                }
                 let mut d = 0;
                 while d < hd {
                     let mut a: [S::R; R] =
                         core::array::from_fn(|i| S::loadu(s.acc.add(i * hd + d)));
                     for j in g..g + n {
                         let x = V::load::<S>(s.v.add(j * vrb), d);
+                        prefetch_ahead(s.v.add(j * vrb), vrb, d, hd);
                         for (i, ai) in a.iter_mut().enumerate() {
                             *ai = S::fmadd(S::set1(*s.p.add(i * KT + j)), x, *ai);
                         }
