@@ -1,9 +1,9 @@
 //! attend() against the memory roofline (decode) and the FMA bound (prefill).
 //!
 //! Decode: T = 1, 8 KV heads, 32 query heads, head_dim 128, contexts 512 / 2048
-//! / 8192, 1 and 2 threads; each backend and `floor`, a plain read of the same
-//! K and V bytes split over the same threads (the roofline floor), all in one
-//! run. Cold cache: every iteration's setup (not timed, `iter_batched` with
+//! / 8192, 1 and 2 threads; each backend and `floor`, a SIMD streaming read of
+//! the same K and V bytes split over the same threads (the roofline floor,
+//! `common::read_kv`), all in one run. Cold cache: every iteration's setup (not timed, `iter_batched` with
 //! `PerIteration`) first reads a 96 MiB buffer, 3× this machine's 32 MiB L3.
 //!
 //! Prefill: a T = 128 chunk at the end of a 2048-token causal context. The FMA

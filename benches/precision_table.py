@@ -51,8 +51,11 @@ def main():
                 f32_floor = median_ms(group, "floor_float32", ctx)
             except FileNotFoundError:
                 continue
-            for d in DTYPES:
-                t, fl = median_ms(group, d, ctx), median_ms(group, f"floor_{d}", ctx)
+            rows = [(d, d) for d in DTYPES]
+            if (ROOT / group / "q8_0_widen").exists():
+                rows.append(("q8_0_widen", "q8_0"))
+            for d, floor in rows:
+                t, fl = median_ms(group, d, ctx), median_ms(group, f"floor_{floor}", ctx)
                 cells = [threads, ctx, d, f"{t:.2f}", f"{fl:.2f}", f"{t / f32:.2f}"]
                 cells += [f"{t / fl:.2f}", f"{t / f32_floor:.2f}"]
                 print("| " + " | ".join(str(c) for c in cells) + " |")

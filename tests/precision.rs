@@ -17,7 +17,7 @@ use common::{visible_rows, Rng};
 use offgraph_kv::attention::{attend, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::kv::Side;
 use offgraph_kv::{
-    AttendSpec, CacheConfig, CacheError, KvCellCache, KvDtype, KvRows, KvSequenceCache,
+    AttendSpec, CacheConfig, CacheError, KeyLayout, KvCellCache, KvDtype, KvRows, KvSequenceCache,
     LayerConfig, LayerPolicy, RowsIn,
 };
 
@@ -27,6 +27,11 @@ fn isas() -> Vec<NativeIsa> {
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             v.push(NativeIsa::Avx512);
+        }
+        if std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
+            v.push(NativeIsa::Avx512Vnni);
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
@@ -150,12 +155,48 @@ fn reference(
     out
 }
 
+/// q rows as the VNNI path sees them: GGML's Q8_0 rounding per 32 values
+/// (`d = max|x| / 127`, `round(x / d)`), with the scale kept in f32.
+fn q8_fake_quantized(q: &[f32]) -> Vec<f32> {
+    q.chunks(32)
+        .flat_map(|blk| {
+            let d = blk.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            blk.iter().map(move |v| (v * id).round() * d)
+        })
+        .collect()
+}
+
+/// Whether `isa` scores this call's q8_0 keys by integer dots: VNNI, q8_0 K,
+/// head_dim a multiple of 64 and blocks of at most 4 query rows (decode).
+fn int8_scores(isa: NativeIsa, nq: usize, spec: &AttendSpec<'_>) -> bool {
+    let g = nq / spec.n_kv_heads;
+    let rows = match spec.keys {
+        KeyLayout::Cells { .. } => g,
+        KeyLayout::Runs { .. } => g * spec.n_tokens(),
+    };
+    isa == NativeIsa::Avx512Vnni
+        && spec.k.dtype == KvDtype::Q8_0
+        && spec.head_dim.is_multiple_of(64)
+        && rows <= 4
+}
+
 fn check(name: &str, q: &[f32], nq: usize, spec: &AttendSpec<'_>) {
     let hd = spec.head_dim;
-    let want = reference(q, nq, spec, &|i| visible_rows(spec, i));
+    let exact = reference(q, nq, spec, &|i| visible_rows(spec, i));
+    // The integer path computes exactly attention of the Q8_0-rounded q (the
+    // error GGML accepts), so it is held to the same float tolerance against
+    // that reference.
+    let want_q8 = reference(&q8_fake_quantized(q), nq, spec, &|i| visible_rows(spec, i));
+    let want = &exact;
     let scale = want.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-30);
     let shape = [nq, spec.n_tokens(), hd];
     for isa in isas() {
+        let want = if int8_scores(isa, nq, spec) {
+            &want_q8
+        } else {
+            &exact
+        };
         for th in [1, 2] {
             let opts = AttendOptions {
                 threads: Some(th),
@@ -164,7 +205,7 @@ fn check(name: &str, q: &[f32], nq: usize, spec: &AttendSpec<'_>) {
                 ..AttendOptions::default()
             };
             let got = attend(q, shape, spec, &opts).unwrap();
-            for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (idx, (g, w)) in got.iter().zip(want).enumerate() {
                 let err = (*g as f64 - w).abs() / scale;
                 assert!(
                     err <= 2e-5,
@@ -184,7 +225,7 @@ fn check(name: &str, q: &[f32], nq: usize, spec: &AttendSpec<'_>) {
         let r = attend(q, shape, spec, &opts);
         if spec.k.dtype == KvDtype::Float32 && spec.v.dtype == KvDtype::Float32 {
             let got = r.unwrap();
-            for (g, w) in got.iter().zip(&want) {
+            for (g, w) in got.iter().zip(want) {
                 assert!((*g as f64 - w).abs() / scale <= 2e-5, "{name} xnnpack");
             }
         } else {

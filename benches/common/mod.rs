@@ -14,7 +14,8 @@ pub fn data(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-/// Sum with 32 independent lanes so the loop is bound by loads, not add latency.
+/// Sum with 32 independent lanes so the loop is bound by loads, not add latency
+/// (the cache flush; the floor is [`read_kv`]).
 pub fn read_sum(x: &[f32]) -> f32 {
     let mut acc = [0f32; 32];
     let mut it = x.chunks_exact(32);
@@ -26,20 +27,92 @@ pub fn read_sum(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
 }
 
-/// Reads K and V (as f32 words, whatever they store), split over threads.
-pub fn read_kv(k: &[f32], v: &[f32], threads: usize) -> f32 {
-    if threads == 1 {
-        return read_sum(k) + read_sum(v);
+/// Bytes ahead of the current line that the floor prefetches into L2, as the
+/// kernel does (one 64-key tile of 128 floats).
+#[cfg(target_arch = "x86_64")]
+const PF_BYTES: usize = 32 << 10;
+
+/// Reads two equal-length byte streams side by side (K and V, as the kernel
+/// does) with AVX-512 loads into 8 independent accumulators, prefetching
+/// ahead into L2. Returns a sum so nothing is optimised away.
+///
+/// # Safety
+/// AVX-512F; `k` and `v` hold `n` bytes each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream2_avx512(k: *const u8, v: *const u8, n: usize) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: every load is below n bytes of its stream; prefetches never fault.
+    unsafe {
+        let mut a = [_mm512_setzero_ps(); 8];
+        let mut o = 0;
+        while o + 256 <= n {
+            for l in 0..4 {
+                _mm_prefetch::<_MM_HINT_T1>(k.wrapping_add(o + PF_BYTES + 64 * l).cast());
+                _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(o + PF_BYTES + 64 * l).cast());
+            }
+            for l in 0..4 {
+                a[l] = _mm512_add_ps(a[l], _mm512_loadu_ps(k.add(o + 64 * l).cast()));
+                a[4 + l] = _mm512_add_ps(a[4 + l], _mm512_loadu_ps(v.add(o + 64 * l).cast()));
+            }
+            o += 256;
+        }
+        let mut s = a[0];
+        for x in &a[1..] {
+            s = _mm512_add_ps(s, *x);
+        }
+        let mut tail = 0.0f32;
+        while o < n {
+            tail += (*k.add(o) as f32) + (*v.add(o) as f32);
+            o += 1;
+        }
+        _mm512_reduce_add_ps(s) + tail
     }
-    let (pk, pv) = (k.len().div_ceil(threads), v.len().div_ceil(threads));
+}
+
+/// One thread's share of the floor: its K and V bytes read side by side.
+fn stream2(k: &[u8], v: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if k.len() == v.len() && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F detected; both slices hold k.len() bytes.
+        return unsafe { stream2_avx512(k.as_ptr(), v.as_ptr(), k.len()) };
+    }
+    let words = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    read_sum(&words(k)) + read_sum(&words(v))
+}
+
+fn as_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: u8 has no invalid values and alignment 1; same allocation.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+/// The streaming-read floor: K and V (as f32 words, whatever they store) read
+/// once, split over `threads` like the kernel splits KV heads (contiguous
+/// ranges, the caller's thread being one of them), each thread reading its K
+/// and V ranges side by side with SIMD loads.
+pub fn read_kv(k: &[f32], v: &[f32], threads: usize) -> f32 {
+    let (k, v) = (as_bytes(k), as_bytes(v));
+    if threads == 1 {
+        return stream2(k, v);
+    }
+    // Split on 256-byte boundaries so each share is whole SIMD steps.
+    let share = |n: usize, t: usize| (n * t / threads) & !255;
+    let range = |n: usize, t: usize| {
+        let end = if t + 1 == threads { n } else { share(n, t + 1) };
+        share(n, t)..end
+    };
     std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
+        let hs: Vec<_> = (1..threads)
             .map(|t| {
-                let kk = &k[(t * pk).min(k.len())..((t + 1) * pk).min(k.len())];
-                let vv = &v[(t * pv).min(v.len())..((t + 1) * pv).min(v.len())];
-                s.spawn(move || read_sum(kk) + read_sum(vv))
+                let (kk, vv) = (&k[range(k.len(), t)], &v[range(v.len(), t)]);
+                s.spawn(move || stream2(kk, vv))
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).sum()
+        let first = stream2(&k[range(k.len(), 0)], &v[range(v.len(), 0)]);
+        first + hs.into_iter().map(|h| h.join().unwrap()).sum::<f32>()
     })
 }

@@ -224,3 +224,16 @@ pub(super) struct Block<'a> {
     pub k0: usize,
     pub k1: usize,
 }
+
+impl Block<'_> {
+    /// The keys any row of the block sees, `[lo, hi)` in concatenated key
+    /// index, clipped to the key split `[k0, k1)`; `None` when that is empty.
+    pub(super) fn key_span(&self) -> Option<(usize, usize)> {
+        let rows = self.lo.iter().zip(self.hi).take(self.nr);
+        let (lo, hi) = rows
+            .filter(|(lo, hi)| lo < hi)
+            .fold((usize::MAX, 0), |(a, b), (lo, hi)| (a.min(*lo), b.max(*hi)));
+        let (lo, hi) = (lo.max(self.k0), hi.min(self.k1));
+        (lo < hi).then_some((lo, hi))
+    }
+}

@@ -116,6 +116,10 @@ pub enum NativeIsa {
     Avx2,
     /// The portable kernel without extra target features.
     Scalar,
+    /// AVX-512 with q8_0 keys scored by VNNI integer dot products against q
+    /// quantized once per step (the other dtypes as `Avx512`); what `Auto`
+    /// takes where the CPU has AVX-512 VNNI.
+    Avx512Vnni,
 }
 
 /// Options of [`attend`].

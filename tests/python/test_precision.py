@@ -3,6 +3,8 @@ against numpy/torch rounding and a GGML Q8_0 quantizer written here from its
 definition, views, dequantize, attention against a float64 reference over the
 rounded rows, and refusals that change nothing."""
 
+import pathlib
+
 import ml_dtypes
 import numpy as np
 import offgraph_kv as okv
@@ -200,6 +202,33 @@ def reference(q, spec, mask_rows):
     return out
 
 
+def q8_rounded(q):
+    """q as the integer-dot path sees it: GGML's Q8_0 rounding per 32 values
+    (scale kept in float32, as the kernel keeps it)."""
+    blocks = np.asarray(q, np.float32).reshape(*q.shape[:-1], -1, 32)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(d != 0, blocks * (np.float32(1) / d), np.float32(0))
+    r = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    return (r * d).astype(np.float32).reshape(q.shape)
+
+
+def cpu_has_vnni():
+    try:
+        flags = pathlib.Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags and "avx512bw" in flags
+
+
+def int8_scores(k_dtype, rows_per_block, head_dim):
+    """Whether the native kernel's default path scores these q8_0 keys by
+    integer dots against q quantized per step (decode blocks of <= 4 query
+    rows, head_dim a multiple of 64, an AVX-512 VNNI CPU): its result is then
+    exactly attention of the Q8_0-rounded q, the error GGML accepts."""
+    return k_dtype == "q8_0" and rows_per_block <= 4 and head_dim % 64 == 0 and cpu_has_vnni()
+
+
 def seq_rows(spec):
     rows = [s for a, n in spec.read for s in range(a, a + n)]
 
@@ -228,10 +257,16 @@ def test_attend_every_pair_against_float64(k_dtype, v_dtype, window):
         spec = kv.update(0, k, v)
         q = rng.standard_normal((8, t, 64)).astype(np.float32)
         want = reference(q, spec, seq_rows(spec))
+        # 4 query heads per KV head: t rows of 4 per block.
+        want_native = (
+            reference(q8_rounded(q), spec, seq_rows(spec))
+            if int8_scores(k_dtype, 4 * t, 64)
+            else want
+        )
         for threads in [1, 2]:
             got = okv.attend(q, spec, threads=threads, backend="native")
-            np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
-        np.testing.assert_allclose(okv.attend(q, spec), want, atol=2e-5, rtol=1e-4)
+            np.testing.assert_allclose(got, want_native, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(okv.attend(q, spec), want_native, atol=2e-5, rtol=1e-4)
         if k_dtype == v_dtype == "float32":
             got = okv.attend(q, spec, backend="xnnpack")
             np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)

@@ -9,9 +9,9 @@
 //! once per block). Only rows inside the segments are ever addressed.
 //!
 //! The tiles are software-pipelined: the scores of tile t+1 are computed in
-//! the same step as `P · V` of tile t (`Isa::scores_pv`, two score buffers),
-//! and the AVX-512 decode path (≤ 4 rows) interleaves the two in groups of 4
-//! keys so the K and V streams are in flight together.
+//! the same step as `P · V` of tile t (two score buffers), and the x86 decode
+//! path (≤ 4 rows, `stored`) interleaves the two in groups of 4 keys so the
+//! K and V streams are in flight together, reading rows as stored.
 //!
 //! Scores live in the log2 domain: `q` is pre-scaled by `scale · log2(e)` and
 //! the kernel uses `exp2`.
@@ -24,7 +24,7 @@ use super::softmax::{exp2, fold_row, State};
 use crate::dtype::{KvDtype, KvRows};
 use portable::{softmax_row_portable, Portable};
 pub(super) use select::{run_native, select_isa, IsaPath};
-use widen::decode_portable;
+use widen::decode_rows_portable;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -33,12 +33,42 @@ mod avx2;
 mod avx512;
 mod portable;
 mod select;
+#[cfg(target_arch = "x86_64")]
+mod simd;
+#[cfg(target_arch = "x86_64")]
+mod stored;
 mod widen;
 
 /// Query rows per block.
 pub(crate) const RB: usize = 32;
 /// Keys per tile. 64 vs 32: prefill 47 vs 48-49 ms, decode within noise.
 pub(crate) const KT: usize = 64;
+
+/// One pipelined step over rows as stored: scores of `nk` keys at `k` (rows
+/// of `kd`) into `sc`, and `P · V` of `nkp` keys at `v` (rows of `vd`) with
+/// the probabilities `p` into `acc`; `nk == 0` or `nkp == 0` skips that half.
+#[derive(Clone, Copy)]
+pub(crate) struct Step {
+    /// Scaled query rows, `nr * hd` floats.
+    pub qs: *const f32,
+    pub nr: usize,
+    pub k: *const u8,
+    pub kd: KvDtype,
+    pub nk: usize,
+    /// `nr * KT` floats.
+    pub sc: *mut f32,
+    /// `nr * KT` floats, not overlapping `sc`.
+    pub p: *const f32,
+    pub v: *const u8,
+    pub vd: KvDtype,
+    pub nkp: usize,
+    pub hd: usize,
+    /// `nr * hd` floats.
+    pub acc: *mut f32,
+    /// The query rows quantized by [`Isa::quantize_q`] for integer dot
+    /// products with q8_0 keys; null when the step widens K instead.
+    pub q8: *const u8,
+}
 
 /// The ISA-specific micro-kernels.
 pub(crate) trait Isa: Copy {
@@ -56,68 +86,30 @@ pub(crate) trait Isa: Copy {
     /// `nr * hd` floats, `nk <= KT`, and the CPU supports the ISA.
     unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32);
 
-    /// `scores` of the next tile (`k`, `nk` keys, into `sc`) and `pv` of the
-    /// previous one (`p`, `v`, `nkp` keys, into `acc`); `nk == 0` or `nkp == 0`
-    /// skips that half. ISAs may interleave the two so K and V loads are in
-    /// flight together; the default runs them one after the other.
-    ///
-    /// # Safety
-    /// The contracts of `scores` (for `nk > 0`) and `pv` (for `nkp > 0`), and
-    /// `sc` does not overlap `p`.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn scores_pv(
-        qs: *const f32,
-        nr: usize,
-        k: *const f32,
-        nk: usize,
-        sc: *mut f32,
-        p: *const f32,
-        v: *const f32,
-        nkp: usize,
-        hd: usize,
-        acc: *mut f32,
-    ) {
-        // SAFETY: forwarded contracts.
-        unsafe {
-            if nk > 0 {
-                Self::scores(qs, nr, k, nk, hd, sc);
-            }
-            if nkp > 0 {
-                Self::pv(p, nr, v, nkp, hd, acc);
-            }
-        }
-    }
-
     /// Whether [`Isa::scores_pv_stored`] serves `nr` rows of `hd` values.
     #[inline(always)]
     fn stored_ok(_nr: usize, _hd: usize) -> bool {
         false
     }
 
-    /// [`Isa::scores_pv`] reading K and V tiles as stored (`k`: `nk` rows of
-    /// `kd`, `v`: `nkp` rows of `vd`), widening 16 values at a time in
-    /// registers instead of through a scratch tile.
+    /// The pipelined step over K and V rows as stored, widened in registers
+    /// instead of through a scratch tile.
     ///
     /// # Safety
-    /// [`Isa::stored_ok`] returned true for `nr`, `hd`; the contracts of
-    /// `scores_pv` with rows of the dtypes' sizes; the CPU supports the ISA.
+    /// [`Isa::stored_ok`] returned true for `s.nr`, `s.hd`; the pointers of
+    /// `s` hold what [`Step`] documents, `nk, nkp <= KT`; the CPU supports the ISA.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn scores_pv_stored(
-        _qs: *const f32,
-        _nr: usize,
-        _k: *const u8,
-        _kd: KvDtype,
-        _nk: usize,
-        _sc: *mut f32,
-        _p: *const f32,
-        _v: *const u8,
-        _vd: KvDtype,
-        _nkp: usize,
-        _hd: usize,
-        _acc: *mut f32,
-    ) {
+    unsafe fn scores_pv_stored(_s: Step) {}
+
+    /// Quantizes the `nr` query rows for integer dot products with q8_0 keys
+    /// into `out` (the ISA's layout) and returns it, or null where the ISA
+    /// widens q8_0 keys to f32 instead.
+    ///
+    /// # Safety
+    /// `qs` holds `nr * hd` floats, `out` `4 * nr * hd` bytes; the CPU supports the ISA.
+    #[inline(always)]
+    unsafe fn quantize_q(_qs: *const f32, _nr: usize, _hd: usize, _out: *mut u8) -> *const u8 {
+        std::ptr::null()
     }
 
     /// Widens `n_rows` stored rows of `dtype` (`src`, `dtype.row_bytes(hd)`
@@ -129,15 +121,8 @@ pub(crate) trait Isa: Copy {
     /// `hd % 32 == 0`; the CPU supports the ISA.
     #[inline(always)]
     unsafe fn decode_rows(dtype: KvDtype, src: *const u8, n_rows: usize, hd: usize, dst: *mut f32) {
-        let rb = dtype.row_bytes(hd);
-        // SAFETY: sizes per the contract.
-        let (src, dst) = unsafe {
-            (
-                std::slice::from_raw_parts(src, n_rows * rb),
-                std::slice::from_raw_parts_mut(dst, n_rows * hd),
-            )
-        };
-        decode_portable(dtype, src, dst);
+        // SAFETY: the same contract.
+        unsafe { decode_rows_portable(dtype, src, n_rows, hd, dst) }
     }
 
     /// One row's softmax step over a score tile: lanes outside `[va, vb)`
@@ -159,20 +144,10 @@ pub(crate) trait Isa: Copy {
 /// `k`/`v`, `nr <= RB`, slices sized as documented on [`Block`] / [`State`]).
 #[inline(always)]
 pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
-    let hd = b.hd;
-    let nr = b.nr;
-    let (mut ulo, mut uhi) = (usize::MAX, 0usize);
-    for r in 0..nr {
-        if b.lo[r] < b.hi[r] {
-            ulo = ulo.min(b.lo[r]);
-            uhi = uhi.max(b.hi[r]);
-        }
-    }
-    let lo_all = ulo.max(b.k0);
-    let hi_all = uhi.min(b.k1);
-    if lo_all >= hi_all {
+    let (hd, nr) = (b.hd, b.nr);
+    let Some((lo_all, hi_all)) = b.key_span() else {
         return;
-    }
+    };
     // Tiles as (first pool row, keys, concatenated index of the first key).
     let tiles = b.segs.iter().scan(0usize, |base, seg| {
         let seg_lo = *base;
@@ -195,62 +170,24 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
         sc,
         conv,
     } = st;
-    let (kconv, vconv) = conv.split_at_mut(KT * hd);
     let (sc0, sc1) = sc.split_at_mut(RB * KT);
     let mut bufs = [sc0, sc1];
     // Previous tile: (first pool row, keys to accumulate; 0 when no row saw it).
     let mut prev = (0usize, 0usize);
     let mut cur = 0usize;
-    // Low-precision pools are read as stored where the ISA widens in registers.
-    let stored =
-        (b.k.dtype, b.v.dtype) != (KvDtype::Float32, KvDtype::Float32) && I::stored_ok(nr, hd);
-    let (krb, vrb) = (b.k.dtype.row_bytes(hd), b.v.dtype.row_bytes(hd));
+    // q quantized once for the whole block (its conv tiles stay unused on the stored path).
+    let q8 = if b.k.dtype == KvDtype::Q8_0 && I::stored_ok(nr, hd) && conv.len() >= nr * hd {
+        // SAFETY: qs holds nr*hd floats, conv 4*nr*hd bytes (checked).
+        unsafe { I::quantize_q(b.qs.as_ptr(), nr, hd, conv.as_mut_ptr().cast()) }
+    } else {
+        std::ptr::null()
+    };
     for (row0, nk, j) in tiles {
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
-        if stored {
-            let kt = &b.k.bytes[row0 * krb..(row0 + nk) * krb];
-            let vp = &b.v.bytes[prev.0 * vrb..(prev.0 + prev.1) * vrb];
-            // SAFETY: kt holds nk rows of K, vp prev.1 rows of V, as stored;
-            // buffers as below; stored_ok held.
-            unsafe {
-                I::scores_pv_stored(
-                    b.qs.as_ptr(),
-                    nr,
-                    kt.as_ptr(),
-                    b.k.dtype,
-                    nk,
-                    sc.as_mut_ptr(),
-                    p.as_ptr(),
-                    vp.as_ptr(),
-                    b.v.dtype,
-                    prev.1,
-                    hd,
-                    acc.as_mut_ptr(),
-                )
-            };
-        } else {
-            // SAFETY: the tile's rows lie inside the head's rows (validated runs),
-            // each conversion buffer holds KT * hd >= nk * hd floats.
-            let kt = unsafe { tile::<I>(b.k, row0, nk, hd, kconv) };
-            let vp = unsafe { tile::<I>(b.v, prev.0, prev.1, hd, vconv) };
-            // SAFETY: qs has nr*hd floats, kt nk*hd, each score buffer RB*KT >= nr*KT
-            // (distinct buffers), vp prev.1*hd, acc nr*hd; nk, prev.1 <= KT.
-            unsafe {
-                I::scores_pv(
-                    b.qs.as_ptr(),
-                    nr,
-                    kt.as_ptr(),
-                    nk,
-                    sc.as_mut_ptr(),
-                    p.as_ptr(),
-                    vp.as_ptr(),
-                    prev.1,
-                    hd,
-                    acc.as_mut_ptr(),
-                )
-            };
-        }
+        // SAFETY: the tiles lie inside the head's rows (validated runs); the
+        // buffers are sized per the contract; nk, prev.1 <= KT.
+        unsafe { step::<I>(b, (row0, nk), prev, sc, p, acc, conv, q8) };
         let mut any = false;
         for r in 0..nr {
             let (lo, hi) = (b.lo[r], b.hi[r]);
@@ -273,33 +210,67 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
         prev = (row0, if any { nk } else { 0 });
         cur ^= 1;
     }
-    if prev.1 > 0 && stored {
-        let vp = &b.v.bytes[prev.0 * vrb..(prev.0 + prev.1) * vrb];
-        let p = &bufs[cur ^ 1];
-        let sc = std::ptr::null_mut();
-        // SAFETY: nk = 0 skips the scores half; p, vp, acc as in the loop.
-        unsafe {
-            I::scores_pv_stored(
-                b.qs.as_ptr(),
-                nr,
-                std::ptr::null(),
-                b.k.dtype,
-                0,
-                sc,
-                p.as_ptr(),
-                vp.as_ptr(),
-                b.v.dtype,
-                prev.1,
-                hd,
-                acc.as_mut_ptr(),
-            )
+    if prev.1 > 0 {
+        let [b0, b1] = &mut bufs;
+        let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
+        // SAFETY: as in the loop; no keys for the scores half.
+        unsafe { step::<I>(b, (0, 0), prev, sc, p, acc, conv, q8) };
+    }
+}
+
+/// One pipeline step: scores of the `kt = (first row, keys)` tile of K into
+/// `sc`, `P · V` of the `vt` tile of V with `p` into `acc`; as stored where
+/// the ISA widens in registers, else through the `conv` scratch tiles.
+///
+/// # Safety
+/// The tiles lie inside the head's rows; `sc`, `p` hold `nr * KT` floats,
+/// `acc` `nr * hd`, `conv` `2 * KT * hd`; keys <= KT; `q8` null or from
+/// `I::quantize_q` of this block (and `conv` then unused); the CPU supports `I`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn step<I: Isa>(
+    b: &Block<'_>,
+    kt: (usize, usize),
+    vt: (usize, usize),
+    sc: &mut [f32],
+    p: &[f32],
+    acc: &mut [f32],
+    conv: &mut [f32],
+    q8: *const u8,
+) {
+    let (hd, nr) = (b.hd, b.nr);
+    if I::stored_ok(nr, hd) {
+        let (krb, vrb) = (b.k.dtype.row_bytes(hd), b.v.dtype.row_bytes(hd));
+        let s = Step {
+            qs: b.qs.as_ptr(),
+            nr,
+            k: b.k.bytes[kt.0 * krb..(kt.0 + kt.1) * krb].as_ptr(),
+            kd: b.k.dtype,
+            nk: kt.1,
+            sc: sc.as_mut_ptr(),
+            p: p.as_ptr(),
+            v: b.v.bytes[vt.0 * vrb..(vt.0 + vt.1) * vrb].as_ptr(),
+            vd: b.v.dtype,
+            nkp: vt.1,
+            hd,
+            acc: acc.as_mut_ptr(),
+            q8,
         };
-    } else if prev.1 > 0 {
-        // SAFETY: as in the loop.
-        let vp = unsafe { tile::<I>(b.v, prev.0, prev.1, hd, vconv) };
-        let p = &bufs[cur ^ 1];
-        // SAFETY: p has nr*KT floats, vp prev.1*hd, acc nr*hd; prev.1 <= KT.
-        unsafe { I::pv(p.as_ptr(), nr, vp.as_ptr(), prev.1, hd, acc.as_mut_ptr()) };
+        // SAFETY: stored_ok held; the slices above hold the tiles' rows.
+        return unsafe { I::scores_pv_stored(s) };
+    }
+    let (kconv, vconv) = conv.split_at_mut(KT * hd);
+    // SAFETY: each conversion buffer holds KT * hd >= keys * hd floats; qs has
+    // nr*hd floats, sc / p nr*KT, acc nr*hd (contract).
+    unsafe {
+        if kt.1 > 0 {
+            let k = tile::<I>(b.k, kt.0, kt.1, hd, kconv);
+            I::scores(b.qs.as_ptr(), nr, k.as_ptr(), kt.1, hd, sc.as_mut_ptr());
+        }
+        if vt.1 > 0 {
+            let v = tile::<I>(b.v, vt.0, vt.1, hd, vconv);
+            I::pv(p.as_ptr(), nr, v.as_ptr(), vt.1, hd, acc.as_mut_ptr());
+        }
     }
 }
 
@@ -316,9 +287,6 @@ unsafe fn tile<'c, 'r: 'c, I: Isa>(
     hd: usize,
     conv: &'c mut [f32],
 ) -> &'c [f32] {
-    if n == 0 {
-        return &[];
-    }
     if let Some(f) = rows.f32() {
         return &f[row0 * hd..(row0 + n) * hd];
     }

@@ -66,17 +66,31 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Two read-only operands and the output of a micro-kernel as slices.
+///
+/// # Safety
+/// Each pointer addresses its count of floats for `'a`; the output overlaps neither input.
+#[inline(always)]
+unsafe fn slices<'a>(
+    a: (*const f32, usize),
+    b: (*const f32, usize),
+    out: (*mut f32, usize),
+) -> (&'a [f32], &'a [f32], &'a mut [f32]) {
+    // SAFETY: the contract above.
+    unsafe {
+        (
+            std::slice::from_raw_parts(a.0, a.1),
+            std::slice::from_raw_parts(b.0, b.1),
+            std::slice::from_raw_parts_mut(out.0, out.1),
+        )
+    }
+}
+
 impl<const FMA: bool> Isa for Portable<FMA> {
     #[inline(always)]
     unsafe fn scores(qs: *const f32, nr: usize, k: *const f32, nk: usize, hd: usize, sc: *mut f32) {
         // SAFETY: sizes per the trait contract.
-        let (qs, k, sc) = unsafe {
-            (
-                std::slice::from_raw_parts(qs, nr * hd),
-                std::slice::from_raw_parts(k, nk * hd),
-                std::slice::from_raw_parts_mut(sc, nr * KT),
-            )
-        };
+        let (qs, k, sc) = unsafe { slices((qs, nr * hd), (k, nk * hd), (sc, nr * KT)) };
         for (j, kr) in k.chunks_exact(hd).enumerate() {
             for (r, qr) in qs.chunks_exact(hd).enumerate() {
                 sc[r * KT + j] = dot::<FMA>(qr, kr);
@@ -87,13 +101,7 @@ impl<const FMA: bool> Isa for Portable<FMA> {
     #[inline(always)]
     unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32) {
         // SAFETY: sizes per the trait contract.
-        let (p, v, acc) = unsafe {
-            (
-                std::slice::from_raw_parts(p, nr * KT),
-                std::slice::from_raw_parts(v, nk * hd),
-                std::slice::from_raw_parts_mut(acc, nr * hd),
-            )
-        };
+        let (p, v, acc) = unsafe { slices((p, nr * KT), (v, nk * hd), (acc, nr * hd)) };
         for (j, vr) in v.chunks_exact(hd).enumerate() {
             for (r, ar) in acc.chunks_exact_mut(hd).enumerate() {
                 let pj = p[r * KT + j];

@@ -32,3 +32,27 @@ pub(super) fn decode_portable(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
         }
     }
 }
+
+/// [`decode_portable`] over raw pointers: `n_rows` rows of `dtype` at `src`
+/// into `n_rows * hd` floats at `dst`.
+///
+/// # Safety
+/// `src` holds `n_rows * dtype.row_bytes(hd)` bytes, `dst` `n_rows * hd` floats.
+#[inline(always)]
+pub(super) unsafe fn decode_rows_portable(
+    dtype: KvDtype,
+    src: *const u8,
+    n_rows: usize,
+    hd: usize,
+    dst: *mut f32,
+) {
+    let rb = dtype.row_bytes(hd);
+    // SAFETY: sizes per the contract.
+    let (src, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(src, n_rows.saturating_mul(rb)),
+            std::slice::from_raw_parts_mut(dst, n_rows.saturating_mul(hd)),
+        )
+    };
+    decode_portable(dtype, src, dst);
+}

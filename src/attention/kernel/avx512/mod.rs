@@ -1,18 +1,27 @@
-use super::{run_block, Block, Isa, State, KT};
+use super::simd::{widen_rows, Simd};
+use super::{run_block, Block, Isa, State, Step, KT};
 use crate::dtype::KvDtype;
 use std::arch::x86_64::*;
-use stored::{stored_v, widen_rows, LBf16, LF16, LF32, LQ8};
 
-mod stored;
+mod vnni;
 
+/// The AVX-512F micro-kernels; `VNNI`: q8_0 keys by integer dot products
+/// (`vnni`) instead of widening them to f32.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512;
+pub(crate) struct Avx512<const VNNI: bool>;
 
 /// Runs one block with the AVX-512F micro-kernels.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn block_avx512(b: &Block<'_>, st: &mut State<'_>) {
     // SAFETY: the caller checked avx512f; the block comes from a validated geometry.
-    unsafe { run_block::<Avx512>(b, st) }
+    unsafe { run_block::<Avx512<false>>(b, st) }
+}
+
+/// [`block_avx512`] with q8_0 keys by VNNI integer dot products.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn block_avx512_vnni(b: &Block<'_>, st: &mut State<'_>) {
+    // SAFETY: the caller checked avx512f, bw and vnni; the block comes from a validated geometry.
+    unsafe { run_block::<Avx512<true>>(b, st) }
 }
 
 /// Lane `i` of the result is the horizontal sum of `v[i]`: a transpose-add
@@ -67,10 +76,8 @@ fn tail_mask(n: usize) -> __mmask16 {
 /// 48 KiB 4.8 ms; T2 4.6 ms (read floor 3.0 ms). Prefetching into L1 fills
 /// its few miss buffers; adding a second, short-distance T0 prefetch (1 or
 /// 4 KiB) on top of T1 made no measurable difference. With 64-key tiles
-/// this is one tile (32 KiB) ahead; in the pipelined decode step
-/// (`scores_pv_rows`) K of tile t+1 and V of tile t are read together, so
-/// both streams prefetch one pipeline step ahead (a V distance of 2 tiles
-/// measured no better).
+/// this is one tile (32 KiB) ahead (the decode step, `super::stored`,
+/// prefetches the same distance; a V distance of 2 tiles measured no better).
 const PF_BYTES: usize = 4 * KT * 128;
 
 #[inline(always)]
@@ -157,100 +164,11 @@ unsafe fn block4x4(qp: &[*const f32; 4], kp: &[*const f32; 4], hd: usize, pf: bo
     }
 }
 
-/// Keys per group of the pipelined decode step. Decode ctx 8192, 1 thread,
-/// cold (alternating runs, medians): 4 keys 3.2-3.5 ms, 8 keys 3.4-3.8 ms,
-/// 16 keys 3.2-3.9 ms, unpipelined 3.6-4.2 ms (read floor 2.5-3.0 ms).
-const PG: usize = 4;
-
-/// The pipelined decode step for `R <= 4` rows: groups of 8 keys, the
-/// scores of the next tile's group (two 4×4 blocks) then P·V of the
-/// previous tile's group with the accumulator rows in L1 (loaded and
-/// stored per 16-column chunk), so the K and V streams are read side by side.
-///
-/// # Safety
-/// As [`Isa::scores_pv`] with `nr == R`, `hd % 16 == 0`; AVX-512F.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn scores_pv_rows<const R: usize>(
-    qs: *const f32,
-    k: *const f32,
-    nk: usize,
-    sc: *mut f32,
-    p: *const f32,
-    v: *const f32,
-    nkp: usize,
-    hd: usize,
-    acc: *mut f32,
-) {
-    let qp: [*const f32; 4] = core::array::from_fn(|i| qs.wrapping_add(i.min(R - 1) * hd));
-    let mut g = 0;
-    while g < nk.max(nkp) {
-        let mut j0 = g;
-        while j0 < nk.min(g + PG) {
-            let kp: [*const f32; 4] =
-                core::array::from_fn(|i| k.wrapping_add((j0 + i).min(nk - 1) * hd));
-            // SAFETY: rows clamped into qs / k (contract of `scores`).
-            let sums = unsafe { block4x4(&qp, &kp, hd, true) };
-            for i in 0..R {
-                for jj in 0..4.min(nk - j0) {
-                    // SAFETY: i < R = nr and j0+jj < nk <= KT: inside sc's nr*KT floats.
-                    unsafe { *sc.add(i * KT + j0 + jj) = sums[i * 4 + jj] };
-                }
-            }
-            j0 += 4;
-        }
-        if g < nkp {
-            let n = (nkp - g).min(PG);
-            // SAFETY: rows g..g+n < nkp of v, R rows of p and acc, offsets < hd
-            // (contract of `pv`).
-            unsafe {
-                let mut d = 0;
-                while d < hd {
-                    let mut a: [__m512; R] =
-                        core::array::from_fn(|i| _mm512_loadu_ps(acc.add(i * hd + d)));
-                    for j in g..g + n {
-                        let vr = v.add(j * hd + d);
-                        let x = _mm512_loadu_ps(vr);
-                        prefetch(vr);
-                        for (i, ai) in a.iter_mut().enumerate() {
-                            *ai = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i * KT + j)), x, *ai);
-                        }
-                    }
-                    for (i, ai) in a.iter().enumerate() {
-                        _mm512_storeu_ps(acc.add(i * hd + d), *ai);
-                    }
-                    d += 16;
-                }
-            }
-        }
-        g += PG;
-    }
-}
-
-impl Isa for Avx512 {
+impl<const VNNI: bool> Isa for Avx512<VNNI> {
     #[inline(always)]
     unsafe fn decode_rows(dtype: KvDtype, src: *const u8, n_rows: usize, hd: usize, dst: *mut f32) {
-        let rb = dtype.row_bytes(hd);
-        if !hd.is_multiple_of(16) {
-            // SAFETY: sizes per the trait contract.
-            let (src, dst) = unsafe {
-                (
-                    std::slice::from_raw_parts(src, n_rows * rb),
-                    std::slice::from_raw_parts_mut(dst, n_rows * hd),
-                )
-            };
-            super::widen::decode_portable(dtype, src, dst);
-            return;
-        }
-        // SAFETY: sizes per the trait contract; hd % 16 == 0.
-        unsafe {
-            match dtype {
-                KvDtype::Float32 => widen_rows::<LF32>(src, rb, n_rows, hd, dst),
-                KvDtype::Float16 => widen_rows::<LF16>(src, rb, n_rows, hd, dst),
-                KvDtype::Bfloat16 => widen_rows::<LBf16>(src, rb, n_rows, hd, dst),
-                KvDtype::Q8_0 => widen_rows::<LQ8>(src, rb, n_rows, hd, dst),
-            }
-        }
+        // SAFETY: the trait contract; the register path only for whole vectors.
+        unsafe { widen_rows::<Self>(dtype, src, n_rows, hd, dst) }
     }
 
     #[inline(always)]
@@ -259,71 +177,19 @@ impl Isa for Avx512 {
     }
 
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn scores_pv_stored(
-        qs: *const f32,
-        nr: usize,
-        k: *const u8,
-        kd: KvDtype,
-        nk: usize,
-        sc: *mut f32,
-        p: *const f32,
-        v: *const u8,
-        vd: KvDtype,
-        nkp: usize,
-        hd: usize,
-        acc: *mut f32,
-    ) {
-        let krb = kd.row_bytes(hd);
-        // SAFETY: forwarded contract (stored_ok held: nr <= 4, hd % 16 == 0).
-        unsafe {
-            match kd {
-                KvDtype::Float32 => {
-                    stored_v::<LF32>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
-                }
-                KvDtype::Float16 => {
-                    stored_v::<LF16>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
-                }
-                KvDtype::Bfloat16 => {
-                    stored_v::<LBf16>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc)
-                }
-                KvDtype::Q8_0 => stored_v::<LQ8>(qs, nr, k, krb, nk, sc, p, v, vd, nkp, hd, acc),
-            }
+    unsafe fn quantize_q(qs: *const f32, nr: usize, hd: usize, out: *mut u8) -> *const u8 {
+        if !VNNI || !hd.is_multiple_of(64) {
+            return std::ptr::null();
         }
+        // SAFETY: the trait contract (4 * nr * hd bytes cover vnni's layout).
+        unsafe { vnni::quantize(qs, nr, hd, out) };
+        out
     }
+
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn scores_pv(
-        qs: *const f32,
-        nr: usize,
-        k: *const f32,
-        nk: usize,
-        sc: *mut f32,
-        p: *const f32,
-        v: *const f32,
-        nkp: usize,
-        hd: usize,
-        acc: *mut f32,
-    ) {
-        // SAFETY: forwarded contract; the fused path only for nr <= 4 and
-        // whole 16-float chunks.
-        unsafe {
-            if !hd.is_multiple_of(16) || nr > 4 {
-                if nk > 0 {
-                    Self::scores(qs, nr, k, nk, hd, sc);
-                }
-                if nkp > 0 {
-                    Self::pv(p, nr, v, nkp, hd, acc);
-                }
-                return;
-            }
-            match nr {
-                1 => scores_pv_rows::<1>(qs, k, nk, sc, p, v, nkp, hd, acc),
-                2 => scores_pv_rows::<2>(qs, k, nk, sc, p, v, nkp, hd, acc),
-                3 => scores_pv_rows::<3>(qs, k, nk, sc, p, v, nkp, hd, acc),
-                _ => scores_pv_rows::<4>(qs, k, nk, sc, p, v, nkp, hd, acc),
-            }
-        }
+    unsafe fn scores_pv_stored(s: Step) {
+        // SAFETY: forwarded contract (stored_ok held: nr <= 4, hd % 16 == 0).
+        unsafe { super::stored::scores_pv_stored::<Self>(s) }
     }
 
     #[inline(always)]
@@ -469,5 +335,65 @@ unsafe fn pv_rows<const R: usize>(
             }
             d += 16;
         }
+    }
+}
+
+impl<const VNNI: bool> Simd for Avx512<VNNI> {
+    type R = __m512;
+    const W: usize = 16;
+    const KB: usize = 4;
+    // SAFETY (every method): AVX-512F per the trait contract; pointers as documented.
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn loadu(p: *const f32) -> __m512 {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn storeu(p: *mut f32, x: __m512) {
+        unsafe { _mm512_storeu_ps(p, x) }
+    }
+    #[inline(always)]
+    unsafe fn set1(x: f32) -> __m512 {
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn hsum(acc: &[__m512; 16], out: &mut [f32; 16]) {
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), hsum16(acc)) }
+    }
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> __m512 {
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn bf16(p: *const u8) -> __m512 {
+        unsafe {
+            let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+        }
+    }
+    #[inline(always)]
+    unsafe fn q8(d: u16, q: *const u8) -> __m512 {
+        unsafe {
+            let scale = _mm512_cvtph_ps(_mm256_set1_epi16(d as i16));
+            let q = _mm_loadu_si128(q.cast());
+            _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)))
+        }
+    }
+    const INT8: bool = VNNI;
+    #[inline(always)]
+    unsafe fn q8_dots<const R: usize>(
+        q8: *const u8,
+        kp: &[*const u8; 4],
+        hd: usize,
+        out: &mut [f32; 16],
+    ) {
+        unsafe { vnni::dots::<R>(q8, kp, hd, out) }
     }
 }

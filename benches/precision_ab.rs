@@ -1,0 +1,90 @@
+//! q8_0 keys: VNNI integer dots (`NativeIsa::Avx512Vnni`, the default where
+//! the CPU has them) against the AVX-512 register widening
+//! (`NativeIsa::Avx512`), interleaved call by call so drift in a shared
+//! machine's load hits both alike (criterion runs one after the other).
+//!
+//! Decode, 8 KV / 32 query heads x 128, q8_0 K and V, contexts 2048 and 8192,
+//! 1 and 2 threads; each call after a 96 MiB cache flush; the order of the
+//! two alternates. Prints the median of each and their ratio.
+#![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
+
+use offgraph_kv::attention::{attend_into, AttendOptions, Backend, NativeIsa};
+use offgraph_kv::dtype::encode;
+use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
+use std::hint::black_box;
+use std::time::Instant;
+
+mod common;
+use common::{data, read_sum};
+
+const ROUNDS: usize = 101;
+
+fn pool(values: &[f32]) -> Vec<u8> {
+    let mut b = vec![0u8; KvDtype::Q8_0.row_bytes(values.len())];
+    assert!(encode(KvDtype::Q8_0, values, &mut b));
+    b
+}
+
+fn median(mut x: Vec<f64>) -> f64 {
+    x.sort_by(f64::total_cmp);
+    x[x.len() / 2]
+}
+
+fn main() {
+    if !std::arch::is_x86_feature_detected!("avx512vnni") {
+        eprintln!("no AVX-512 VNNI on this CPU: nothing to compare");
+        return;
+    }
+    let flush = vec![1.0f32; 24 << 20];
+    let (n_kv, n_q, hd) = (8, 32, 128);
+    for ctx in [2048usize, 8192] {
+        let (k, v) = (
+            pool(&data(n_kv * ctx * hd, 1)),
+            pool(&data(n_kv * ctx * hd, 2)),
+        );
+        let q = data(n_q * hd, 3);
+        let positions = [ctx - 1];
+        let rows = |bytes| KvRows {
+            dtype: KvDtype::Q8_0,
+            bytes,
+        };
+        let spec = AttendSpec {
+            k: rows(&k),
+            v: rows(&v),
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            slots: ctx,
+            positions: &positions,
+            keys: KeyLayout::Runs {
+                read: Runs::one(Run::new(0, ctx)),
+                read_base_pos: 0,
+                mask: MaskKind::Causal,
+            },
+        };
+        let mut out = vec![0f32; q.len()];
+        for threads in [1usize, 2] {
+            let isas = [NativeIsa::Avx512, NativeIsa::Avx512Vnni];
+            let mut times = [Vec::new(), Vec::new()];
+            for round in 0..ROUNDS {
+                for o in 0..2 {
+                    let i = (o + round) % 2;
+                    let opts = AttendOptions {
+                        threads: Some(threads),
+                        backend: Backend::Native,
+                        native_isa: isas[i],
+                        ..Default::default()
+                    };
+                    black_box(read_sum(&flush));
+                    let t = Instant::now();
+                    attend_into(&q, [n_q, 1, hd], &spec, &opts, &mut out).unwrap();
+                    times[i].push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            let [w, n] = times.map(median);
+            println!(
+                "q8_0 ctx {ctx} threads {threads}: widen {w:.3} ms, vnni {n:.3} ms, vnni/widen {:.2}",
+                n / w
+            );
+        }
+    }
+}
