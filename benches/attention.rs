@@ -4,7 +4,9 @@
 //! / 8192, 1 and 2 threads; each backend and `floor`, a SIMD streaming read of
 //! the same K and V bytes split over the same threads (the roofline floor,
 //! `common::read_kv`), all in one run. Cold cache: every iteration's setup (not timed, `iter_batched` with
-//! `PerIteration`) first reads a 96 MiB buffer, 3× this machine's 32 MiB L3.
+//! `PerIteration`) first reads a 96 MiB buffer, 24× this machine's 4 MiB of L2 (the VM
+//! reports a 480 MiB host L3, which it does not wholly flush: the floor and
+//! every backend get the same treatment).
 //!
 //! Prefill: a T = 128 chunk at the end of a 2048-token causal context. The FMA
 //! bound is `useful FMAs / peak`, useful = visible (query, key) pairs × head_dim

@@ -7,7 +7,8 @@
 //! the kernel) split over the same threads as the kernel splits its heads.
 //! `q8_0` is the default path (VNNI integer dots where the CPU has them),
 //! `q8_0_widen` the AVX-512 register widening of the same pools. Cold cache: every iteration's untimed setup reads a 96 MiB
-//! buffer (3× this machine's L3). It also prints bytes per token of a
+//! buffer (24× this machine's 4 MiB of L2; the VM reports a 480 MiB host L3, which
+//! it does not wholly flush: the floor and every kernel get the same treatment). It also prints bytes per token of a
 //! Gemma-3-270M-shaped and a Llama-3-8B-shaped cache per dtype.
 //!
 //! `ATTN_BENCH_QUICK=1` shortens warm-up/measurement. Medians are in

@@ -178,20 +178,11 @@ pub(crate) fn run_block(b: &Block<'_>, st: &mut State<'_>) -> Result<()> {
 fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<()> {
     let hd = b.hd;
     let nr = b.nr;
-    let (mut ulo, mut uhi) = (usize::MAX, 0usize);
-    for r in 0..nr {
-        if b.lo[r] < b.hi[r] {
-            ulo = ulo.min(b.lo[r]);
-            uhi = uhi.max(b.hi[r]);
-        }
-    }
+    let Some((lo_all, hi_all)) = b.key_span() else {
+        return Ok(());
+    };
     // Only float32 pools reach this backend (`check_dtypes`).
     let (bk, bv) = (b.k.f32().unwrap_or(&[]), b.v.f32().unwrap_or(&[]));
-    let lo_all = ulo.max(b.k0);
-    let hi_all = uhi.min(b.k1);
-    if lo_all >= hi_all || nr == 0 {
-        return Ok(());
-    }
     xs.st.resize(CHUNK * nr + PAD, 0.0);
     xs.vt.resize(hd * CHUNK + PAD, 0.0);
     xs.ot.resize(hd * nr, 0.0);
