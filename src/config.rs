@@ -2,40 +2,7 @@
 
 use crate::dtype::KvDtype;
 use crate::error::{CacheError, Result};
-
-/// How a layer keeps its history.
-///
-/// Serialised discriminants (see [`LayerPolicy::code`]) are append-only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LayerPolicy {
-    /// Keeps every position up to the cache's capacity.
-    Flat,
-    /// A sliding window: a query at position p sees keys in `[p - window + 1, p]`.
-    ///
-    /// A window at or above what the layer can ever hold (the cache's capacity)
-    /// makes the layer a full one: every held position is visible, and its pool
-    /// depth is bounded by the capacity, so it never wraps and never bounds a
-    /// rewind.
-    Ring { window: usize },
-}
-
-impl LayerPolicy {
-    /// Stable serialised discriminant: 0 = Flat, 1 = Ring. Append-only.
-    pub fn code(&self) -> u8 {
-        match self {
-            LayerPolicy::Flat => 0,
-            LayerPolicy::Ring { .. } => 1,
-        }
-    }
-
-    /// The window of a ring layer, `None` for a flat one.
-    pub fn window(&self) -> Option<usize> {
-        match self {
-            LayerPolicy::Flat => None,
-            LayerPolicy::Ring { window } => Some(*window),
-        }
-    }
-}
+pub use crate::window::LayerPolicy;
 
 /// One layer's policy and K/V geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -222,6 +189,13 @@ impl CacheConfig {
             policies,
             layer_policy,
         })
+    }
+
+    /// Cells a `CellCache` of this config needs for a forked workload: see
+    /// [`window::cells_for_forks`](crate::window::cells_for_forks).
+    pub fn cells_for_forks(&self, prefix: usize, n_seqs: usize, new_tokens: usize) -> usize {
+        let policies = (0..self.n_layers).filter_map(|l| self.layer(l).ok().map(|c| c.policy));
+        crate::window::cells_for_forks(policies, self.max_step, prefix, n_seqs, new_tokens)
     }
 
     /// Slots a layer of this policy ever needs: flat keeps `capacity`;

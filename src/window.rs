@@ -1,9 +1,42 @@
-//! Ring arithmetic, in one place: how deep a ring layer is, which positions a
-//! query sees, and how many cells a forked workload needs. Every part of the
+//! A layer's window policy and its arithmetic, in one place: how deep a ring
+//! layer is, which positions a query sees, and how many cells a forked
+//! workload needs. Every part of the
 //! project (the caches, attention, the bindings, the demo, the runner and the
 //! transformers adapter) asks here instead of repeating the formulas.
 
-use crate::config::{CacheConfig, LayerPolicy};
+/// How a layer keeps its history.
+///
+/// Serialised discriminants (see [`LayerPolicy::code`]) are append-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerPolicy {
+    /// Keeps every position up to the cache's capacity.
+    Flat,
+    /// A sliding window: a query at position p sees keys in `[p - window + 1, p]`.
+    ///
+    /// A window at or above what the layer can ever hold (the cache's capacity)
+    /// makes the layer a full one: every held position is visible, and its pool
+    /// depth is bounded by the capacity, so it never wraps and never bounds a
+    /// rewind.
+    Ring { window: usize },
+}
+
+impl LayerPolicy {
+    /// Stable serialised discriminant: 0 = Flat, 1 = Ring. Append-only.
+    pub fn code(&self) -> u8 {
+        match self {
+            LayerPolicy::Flat => 0,
+            LayerPolicy::Ring { .. } => 1,
+        }
+    }
+
+    /// The window of a ring layer, `None` for a flat one.
+    pub fn window(&self) -> Option<usize> {
+        match self {
+            LayerPolicy::Flat => None,
+            LayerPolicy::Ring { window } => Some(*window),
+        }
+    }
+}
 
 /// Positions a ring layer of `window` keeps for steps of up to `max_step`
 /// tokens: `window + max_step - 1`. The step's earliest query needs the
@@ -27,31 +60,33 @@ pub fn sees(query_pos: usize, key_pos: usize, window: Option<usize>) -> bool {
     key_pos <= query_pos && key_pos >= first_visible(query_pos, window)
 }
 
-/// Cells a `CellCache` of `cfg` needs for `n_seqs` sequences forked from one
+/// Cells a `CellCache` needs, for layers of `policies` and steps of up to
+/// `max_step` tokens (`CacheConfig::cells_for_forks` passes its own), for
+/// `n_seqs` sequences forked from one
 /// `prefix`-token sequence, each then growing by `new_tokens` positions one
 /// step at a time, with no cell ever refused. The full table (flat layers)
 /// holds the prefix once plus every sequence's own tokens; the ring table
 /// holds per sequence at most `ring_keep` positions, plus one token of
 /// headroom each for the step that places before its drops free a cell.
 pub fn cells_for_forks(
-    cfg: &CacheConfig,
+    policies: impl IntoIterator<Item = LayerPolicy>,
+    max_step: usize,
     prefix: usize,
     n_seqs: usize,
     new_tokens: usize,
 ) -> usize {
     let mut need = 0usize;
     let mut widest: Option<usize> = None;
-    for layer in 0..cfg.n_layers {
-        match cfg.layer(layer).map(|l| l.policy) {
-            Ok(LayerPolicy::Ring { window }) => widest = widest.max(Some(window)),
-            Ok(LayerPolicy::Flat) => {
+    for policy in policies {
+        match policy {
+            LayerPolicy::Ring { window } => widest = widest.max(Some(window)),
+            LayerPolicy::Flat => {
                 need = need.max(prefix.saturating_add(n_seqs.saturating_mul(new_tokens)))
             }
-            Err(_) => {}
         }
     }
     if let Some(w) = widest {
-        let keep = ring_keep(w, cfg.max_step);
+        let keep = ring_keep(w, max_step);
         let ring = prefix
             .min(keep)
             .saturating_add(n_seqs.saturating_mul(new_tokens.min(keep)))
@@ -64,7 +99,7 @@ pub fn cells_for_forks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::LayerConfig;
+    use crate::config::{CacheConfig, LayerConfig};
 
     #[test]
     fn first_visible_and_sees_follow_the_window() {
@@ -89,8 +124,10 @@ mod tests {
         let mut cfg = CacheConfig::new(1024, 2, vec![ring, flat]);
         cfg.max_step = 4;
         // flat: 100 + 3 * 20 = 160; ring: min(100, 11) + 3 * min(20, 11) + 3 = 47
-        assert_eq!(cells_for_forks(&cfg, 100, 3, 20), 160);
+        assert_eq!(cfg.cells_for_forks(100, 3, 20), 160);
         cfg.layers = vec![ring];
-        assert_eq!(cells_for_forks(&cfg, 100, 3, 20), 47);
+        assert_eq!(cfg.cells_for_forks(100, 3, 20), 47);
+        let ring_policy = LayerPolicy::Ring { window: 8 };
+        assert_eq!(cells_for_forks([ring_policy], 4, 100, 3, 20), 47);
     }
 }

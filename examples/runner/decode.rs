@@ -24,7 +24,7 @@ pub(crate) fn build_cache(a: &Args) -> BoxResult<KvCellCache> {
         max_step,
         ..CacheConfig::new(capacity, a.layers, Vec::new())
     };
-    let n_cells = offgraph_kv::window::cells_for_forks(&cfg, a.prefix, a.seqs, a.decode);
+    let n_cells = cfg.cells_for_forks(a.prefix, a.seqs, a.decode);
     Ok(KvCellCache::new(cfg, n_cells, a.seqs.max(1))?)
 }
 

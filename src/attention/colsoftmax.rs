@@ -12,7 +12,9 @@
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
 use super::softmax::{exp2_in_range, State};
-use super::xnn::RB;
+
+/// Query rows per block of the XNNPACK backend: the widest score tile.
+pub(crate) const RB: usize = 32;
 
 /// Partial results kept per column during the flat sweep.
 const LANES: usize = 16;

@@ -230,7 +230,7 @@ impl Exec {
         match self {
             Exec::Native(_) => kernel::RB,
             #[cfg(feature = "xnnpack")]
-            Exec::Xnn => xnn::RB,
+            Exec::Xnn => colsoftmax::RB,
         }
     }
 }

@@ -50,8 +50,6 @@ use std::ptr;
 use std::sync::OnceLock;
 use xnnpack_sys as x;
 
-/// Query rows per block.
-pub(crate) const RB: usize = 32;
 /// Keys per operator call.
 const CHUNK: usize = 256;
 const PAD: usize = x::XNN_EXTRA_BYTES / 4;

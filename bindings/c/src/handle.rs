@@ -1,5 +1,7 @@
-//! Opaque handles: a magic tag, a process-wide set of live handles, and a
-//! per-handle busy flag.
+//! Opaque handles: a magic tag, a process-wide set of live handles, a
+//! per-handle busy flag, and the registry's keys, which a free erases (they
+//! live here so that freeing a handle needs nothing from the registry's
+//! exports).
 //!
 //! What is detected, and what is not:
 //! - NULL, a pointer that was never a handle, a freed handle, and a handle of
@@ -19,6 +21,8 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, MutexGuard, RwLock, TryLockError};
 
+use offgraph_kv::registry::Registry;
+
 use crate::ptr::{out, Out};
 use crate::status::{fail, okv_status, R};
 
@@ -31,6 +35,25 @@ pub enum okv_handle_kind {
     OKV_HANDLE_KV_SEQ_CACHE = 3,
     OKV_HANDLE_CELL_CACHE = 4,
     OKV_HANDLE_KV_CELL_CACHE = 5,
+}
+
+/// A registry key's value: the handle it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) addr: usize,
+    pub(crate) kind: okv_handle_kind,
+}
+
+/// The process-global registry's keys (the `okv_registry_*` exports).
+pub(crate) static REGISTRY: LazyLock<Registry<Entry>> = LazyLock::new(Registry::new);
+
+/// Erases every key naming the handle at `addr` (called when it is freed).
+fn forget(addr: usize) {
+    for key in REGISTRY.keys() {
+        if REGISTRY.get(&key).is_ok_and(|e| e.addr == addr) {
+            let _ = REGISTRY.erase(&key);
+        }
+    }
 }
 
 /// Address -> kind of every live handle.
@@ -200,7 +223,7 @@ pub(crate) unsafe fn release<H: Opaque>(p: *mut H, what: &str) -> R<()> {
     }
     live.remove(&(p as usize));
     drop(live);
-    crate::registry::forget(p as usize);
+    forget(p as usize);
     // SAFETY: `p` came from `Box::into_raw` in `publish` and is no longer live,
     // so no other call can reach it.
     let mut b = unsafe { Box::from_raw(p) };

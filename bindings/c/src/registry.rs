@@ -11,38 +11,21 @@
 //! a handle from a config; `okv_registry_build` validates the config first.
 
 use std::ffi::{c_char, c_void};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
-use offgraph_kv::registry::{Builder, Registry};
+use offgraph_kv::registry::Builder;
 use offgraph_kv::{CacheConfig, CacheError};
 
 use crate::config::{config_of, okv_config};
-use crate::handle::{live_kind, okv_handle_kind, publish, release};
+use crate::handle::{live_kind, okv_handle_kind, publish, release, Entry, REGISTRY};
 use crate::ptr::{cstr, out, slice_mut, Out};
 use crate::status::{fail, guard, okv_status, R};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    addr: usize,
-    kind: okv_handle_kind,
-}
-
-static REGISTRY: LazyLock<Registry<Entry>> = LazyLock::new(Registry::new);
 
 /// A yes/no answer into `out_found`, checked before `ask` reads any name.
 fn found(out_found: *mut bool, what: &str, ask: impl FnOnce() -> R<bool>) -> R<()> {
     let o = out(out_found, what)?;
     o.set(ask()?);
     Ok(())
-}
-
-/// Erases every key naming the handle at `addr` (called when it is freed).
-pub(crate) fn forget(addr: usize) {
-    for key in REGISTRY.keys() {
-        if REGISTRY.get(&key).is_ok_and(|e| e.addr == addr) {
-            let _ = REGISTRY.erase(&key);
-        }
-    }
 }
 
 /// Stores the live handle `handle` (any okv handle type) under `key`.

@@ -1,8 +1,6 @@
 //! Ring arithmetic for C: the core's `window` module, so that a C runner
 //! sizes its cell cache with the formula every other runner uses.
 
-use offgraph_kv::window;
-
 use crate::config::{config_of, okv_config};
 use crate::ptr::out;
 use crate::status::{fail, guard, okv_status};
@@ -24,7 +22,7 @@ pub unsafe extern "C" fn okv_cells_for_forks(
         let what = "okv_cells_for_forks";
         let o = out(out_n_cells, what)?;
         let c = unsafe { config_of(cfg, what) }?;
-        let n = window::cells_for_forks(&c, prefix, n_seqs, new_tokens);
+        let n = c.cells_for_forks(prefix, n_seqs, new_tokens);
         // The core saturates: usize::MAX means the count overflowed.
         if n == usize::MAX {
             return Err(fail(

@@ -36,8 +36,7 @@ pub fn cells_for_forks(
     n_seqs: &Bound<'_, PyAny>,
     new_tokens: &Bound<'_, PyAny>,
 ) -> PyResult<usize> {
-    Ok(offgraph_kv::window::cells_for_forks(
-        &cfg.get().inner,
+    Ok(cfg.get().inner.cells_for_forks(
         index(prefix, "prefix")?,
         index(n_seqs, "n_seqs")?,
         index(new_tokens, "new_tokens")?,
