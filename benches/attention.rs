@@ -19,12 +19,12 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
-use offgraph_kv::{AttendSpec, KeyLayout, KvRows, MaskKind, Run, Runs};
+use offgraph_kv::KvRows;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{data, read_kv, read_sum};
+use common::{causal_spec, data, read_kv, read_sum};
 
 const N_KV: usize = 8;
 const N_Q: usize = 32;
@@ -92,19 +92,8 @@ fn decode(c: &mut Criterion) {
             let v = data(N_KV * slots * HD, 2);
             let q = data(N_Q * HD, 3);
             let positions = [ctx - 1];
-            let spec = AttendSpec {
-                k: KvRows::from_f32(&k),
-                v: KvRows::from_f32(&v),
-                n_kv_heads: N_KV,
-                head_dim: HD,
-                slots,
-                positions: &positions,
-                keys: KeyLayout::Runs {
-                    read: Runs::one(Run::new(0, ctx)),
-                    read_base_pos: 0,
-                    mask: MaskKind::Causal,
-                },
-            };
+            let (kr, vr) = (KvRows::from_f32(&k), KvRows::from_f32(&v));
+            let spec = causal_spec(kr, vr, (N_KV, HD), slots, &positions);
             let mut out = vec![0f32; q.len()];
             g.throughput(Throughput::Bytes((2 * k.len() * 4) as u64));
             g.bench_function(BenchmarkId::new("floor", ctx), |b| {
@@ -148,19 +137,8 @@ fn prefill(c: &mut Criterion) {
     let v = data(N_KV * ctx * HD, 5);
     let q = data(N_Q * t * HD, 6);
     let positions: Vec<usize> = (ctx - t..ctx).collect();
-    let spec = AttendSpec {
-        k: KvRows::from_f32(&k),
-        v: KvRows::from_f32(&v),
-        n_kv_heads: N_KV,
-        head_dim: HD,
-        slots: ctx,
-        positions: &positions,
-        keys: KeyLayout::Runs {
-            read: Runs::one(Run::new(0, ctx)),
-            read_base_pos: 0,
-            mask: MaskKind::Causal,
-        },
-    };
+    let (kr, vr) = (KvRows::from_f32(&k), KvRows::from_f32(&v));
+    let spec = causal_spec(kr, vr, (N_KV, HD), ctx, &positions);
     let mut out = vec![0f32; q.len()];
     let mut g = c.benchmark_group("prefill128_ctx2048");
     g.throughput(Throughput::Elements(useful as u64));

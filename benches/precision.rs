@@ -18,12 +18,12 @@
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use offgraph_kv::attention::{attend_into, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::dtype::encode;
-use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
+use offgraph_kv::{KvDtype, KvRows};
 use std::hint::black_box;
 use std::time::Duration;
 
 mod common;
-use common::{data, read_kv, read_sum};
+use common::{causal_spec, data, read_kv, read_sum};
 
 const N_KV: usize = 8;
 const N_Q: usize = 32;
@@ -75,25 +75,11 @@ fn decode(c: &mut Criterion) {
             for dtype in KvDtype::ALL {
                 let n = dtype.row_bytes(HD) * N_KV * ctx;
                 let (k, v) = (pool(dtype, &kf), pool(dtype, &vf));
-                let spec = AttendSpec {
-                    k: KvRows {
-                        dtype,
-                        bytes: bytes_of(&k, n),
-                    },
-                    v: KvRows {
-                        dtype,
-                        bytes: bytes_of(&v, n),
-                    },
-                    n_kv_heads: N_KV,
-                    head_dim: HD,
-                    slots: ctx,
-                    positions: &positions,
-                    keys: KeyLayout::Runs {
-                        read: Runs::one(Run::new(0, ctx)),
-                        read_base_pos: 0,
-                        mask: MaskKind::Causal,
-                    },
+                let rows = |p| KvRows {
+                    dtype,
+                    bytes: bytes_of(p, n),
                 };
+                let spec = causal_spec(rows(&k), rows(&v), (N_KV, HD), ctx, &positions);
                 g.throughput(Throughput::Bytes((2 * n) as u64));
                 g.bench_function(
                     BenchmarkId::new(format!("floor_{}", dtype.name()), ctx),

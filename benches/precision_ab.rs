@@ -10,12 +10,12 @@
 
 use offgraph_kv::attention::{attend_into, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::dtype::encode;
-use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
+use offgraph_kv::{KvDtype, KvRows};
 use std::hint::black_box;
 use std::time::Instant;
 
 mod common;
-use common::{data, read_sum};
+use common::{causal_spec, data, read_sum};
 
 const ROUNDS: usize = 101;
 
@@ -48,19 +48,7 @@ fn main() {
             dtype: KvDtype::Q8_0,
             bytes,
         };
-        let spec = AttendSpec {
-            k: rows(&k),
-            v: rows(&v),
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            slots: ctx,
-            positions: &positions,
-            keys: KeyLayout::Runs {
-                read: Runs::one(Run::new(0, ctx)),
-                read_base_pos: 0,
-                mask: MaskKind::Causal,
-            },
-        };
+        let spec = causal_spec(rows(&k), rows(&v), (n_kv, hd), ctx, &positions);
         let mut out = vec![0f32; q.len()];
         for threads in [1usize, 2] {
             let isas = [NativeIsa::Avx512, NativeIsa::Avx512Vnni];

@@ -2,6 +2,30 @@
 //! floor they compare against.
 #![allow(dead_code, clippy::indexing_slicing, clippy::unwrap_used)]
 
+/// One sequence's causal read of pool rows `0..ctx` (every head `ctx` slots deep).
+pub fn causal_spec<'a>(
+    k: offgraph_kv::KvRows<'a>,
+    v: offgraph_kv::KvRows<'a>,
+    (n_kv_heads, head_dim): (usize, usize),
+    ctx: usize,
+    positions: &'a [usize],
+) -> offgraph_kv::AttendSpec<'a> {
+    use offgraph_kv::{KeyLayout, MaskKind, Run, Runs};
+    offgraph_kv::AttendSpec {
+        k,
+        v,
+        n_kv_heads,
+        head_dim,
+        slots: ctx,
+        positions,
+        keys: KeyLayout::Runs {
+            read: Runs::one(Run::new(0, ctx)),
+            read_base_pos: 0,
+            mask: MaskKind::Causal,
+        },
+    }
+}
+
 pub fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(2_654_435_761).max(1);
     (0..n)
