@@ -3,8 +3,10 @@
 # what cbindgen generates, compiles the examples and C/C++ tests with
 # -Wall -Wextra -Werror (C11, C++17), runs them plain, under valgrind and with
 # AddressSanitizer, compares the example runners' tokens with the Rust
-# runner's, checks each header compiles alone and that the shared library
-# exports only okv_ symbols. Needs gcc, g++, valgrind and binutils (nm).
+# runner's, checks that C and Python write the same snapshot bytes and load
+# each other's, checks each header compiles alone and that the shared library
+# exports only okv_ symbols. Needs gcc, g++, valgrind, binutils (nm) and the
+# Python package built (PYTHON, else ./.venv/bin/python, else python3).
 #
 #   scripts/test-c.sh            # run everything
 #   scripts/test-c.sh --regen    # rewrite bindings/c/include/offgraph_kv.h
@@ -99,6 +101,9 @@ sed -n '/^```c$/,/^```$/p' README.md | sed '1d;$d' >"$OUT/readme.c"
 run "the README's C quick start is a program" test -s "$OUT/readme.c"
 build readme "$OUT/readme.c"
 build bad_input bindings/c/tests/bad_input.c
+build dtypes bindings/c/tests/dtypes.c
+build statuses bindings/c/tests/statuses.c
+build exchange bindings/c/tests/exchange.c
 build threads bindings/c/tests/threads.c
 build wrapper bindings/c/tests/wrapper.cpp
 build runner-c examples/c/runner.c
@@ -116,11 +121,22 @@ FLAGS=(--prefix 37 --decode 10 --chunk 16 --layers 7 --window 12 --hidden 64 --q
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 
-for prog in readme bad_input threads wrapper; do
+for prog in readme bad_input dtypes statuses threads wrapper; do
     run "$prog" "$OUT/$prog"
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"
 done
+
+# Snapshots cross languages: C writes, Python compares the bytes with its own
+# and loads them, then C loads Python's (plain and under valgrind).
+PY="${PYTHON:-}"
+[ -n "$PY" ] || { [ -x .venv/bin/python ] && PY=.venv/bin/python; } || PY=python3
+mkdir -p "$OUT/exchange"
+run "exchange: C writes its snapshots" "$OUT/exchange" "$OUT/exchange"
+run "exchange: Python's snapshots of the same state are the same bytes" "$PY" bindings/c/tests/exchange.py "$OUT/exchange"
+run "exchange: C loads Python's snapshots" "$OUT/exchange" --load "$OUT/exchange"
+run "exchange --load under valgrind (0 errors)" "${VG[@]}" "$OUT/exchange" --load "$OUT/exchange"
+run "exchange --load with AddressSanitizer" "$OUT/exchange-asan" --load "$OUT/exchange"
 
 rust_tokens() { # rust_tokens SEQS -> the generated list of the Rust runner
     "$LIBDIR/examples/runner" --seqs "$1" "${FLAGS[@]}" --dump "$OUT/rust-$1.json" >/dev/null &&
@@ -142,12 +158,24 @@ same_tokens "C runner prints the Rust runner's tokens" "$want3" "$OUT/runner-c" 
 same_tokens "C runner, valgrind: the same tokens" "$want3" "${VG[@]}" "$OUT/runner-c" --seqs 3 "${FLAGS[@]}"
 same_tokens "C runner, ASan: the same tokens" "$want3" "$OUT/runner-c-asan" --seqs 3 "${FLAGS[@]}"
 same_tokens "C runner, static library: the same tokens" "$want3" "$OUT/runner-c-static" --seqs 3 "${FLAGS[@]}"
-same_tokens "C++ runner prints the Rust runner's tokens (1 sequence)" "$want1" "$OUT/runner-cpp" "${FLAGS[@]}"
+F32=(--dtype float32)
+same_tokens "C++ runner prints the Rust runner's tokens (1 sequence)" "$want1" "$OUT/runner-cpp" "${FLAGS[@]}" "${F32[@]}"
 same_tokens "C++ runner: a failed forward, rewound and retried, changes no token" "$want1" \
-    "$OUT/runner-cpp" "${FLAGS[@]}" --fail-at 4
-run "C++ runner: the failure really happened (1 rewind)" bash -c "'$OUT/runner-cpp' ${FLAGS[*]} --fail-at 4 | grep -q ', 1 rewinds,'"
-same_tokens "C++ runner, valgrind: the same tokens" "$want1" "${VG[@]}" "$OUT/runner-cpp" "${FLAGS[@]}" --fail-at 4
-same_tokens "C++ runner, ASan: the same tokens" "$want1" "$OUT/runner-cpp-asan" "${FLAGS[@]}" --fail-at 4
+    "$OUT/runner-cpp" "${FLAGS[@]}" "${F32[@]}" --fail-at 4
+run "C++ runner: the failure really happened (1 rewind)" bash -c "'$OUT/runner-cpp' ${FLAGS[*]} ${F32[*]} --fail-at 4 | grep -q ', 1 rewinds,'"
+same_tokens "C++ runner, valgrind: the same tokens" "$want1" "${VG[@]}" "$OUT/runner-cpp" "${FLAGS[@]}" "${F32[@]}" --fail-at 4
+same_tokens "C++ runner, ASan: the same tokens" "$want1" "$OUT/runner-cpp-asan" "${FLAGS[@]}" "${F32[@]}" --fail-at 4
+# Float16 pools (the runner's default): saving the conversation mid-run and
+# continuing from a new cache loaded from the snapshot changes no token.
+want16="$("$OUT/runner-cpp" "${FLAGS[@]}" | tokens_of)"
+echo "     C++ runner, float16 pools: $want16"
+same_tokens "C++ runner, float16: save + restore at decode step 5 gives the uninterrupted tokens" "$want16" \
+    "$OUT/runner-cpp" "${FLAGS[@]}" --restore-at 5
+run "C++ runner, float16: the restore really happened" bash -c "'$OUT/runner-cpp' ${FLAGS[*]} --restore-at 5 | grep -q 'float16 pools.*snapshot: yes'"
+same_tokens "C++ runner, float16, valgrind: save + restore, the same tokens" "$want16" \
+    "${VG[@]}" "$OUT/runner-cpp" "${FLAGS[@]}" --restore-at 5 --fail-at 6
+same_tokens "C++ runner, float16, ASan: save + restore, the same tokens" "$want16" \
+    "$OUT/runner-cpp-asan" "${FLAGS[@]}" --restore-at 5
 
 echo "c-tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

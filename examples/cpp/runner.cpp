@@ -10,12 +10,18 @@
 // corrupted K/V rows into the first half of the layers and then fails, so
 // the tokens only come out right if the rewind and the retry really restore
 // the step. It prints `generated: [[...]]`, the same list the Rust and C
-// runners print for --seqs 1.
+// runners print for --seqs 1 (with --dtype float32).
+//
+// The pools are float16 by default (`--dtype` picks float32, bfloat16 or
+// q8_0). `--restore-at M` saves the conversation before decode step M, drops
+// the cache, and continues from a new cache that loads the snapshot: the
+// tokens are those of the uninterrupted run.
 //
 //   c++ -std=c++17 -O2 -ffp-contract=off -I bindings/c/include -I examples/c
 //       examples/cpp/runner.cpp -L target/release -loffgraph_kv_c -o runner-cpp
 #include <cstdio>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -40,7 +46,7 @@ struct Runner {
     std::vector<float> x, h, tmp, q, k, v, o, proj;
     std::size_t ring_wraps = 0;
 
-    static okv::Config config(const dm_args &a) {
+    static okv::Config config(const dm_args &a, okv::Dtype dtype) {
         std::size_t capacity = a.prefix + a.decode;
         okv::Config cfg(capacity, a.layers);
         std::vector<okv_layer_config> layers;
@@ -48,10 +54,14 @@ struct Runner {
             layers.push_back(dm_is_flat(i) ? okv::flat(a.kv_heads, a.head_dim)
                                            : okv::ring(a.window, a.kv_heads, a.head_dim));
         cfg.layers(layers).max_step(std::min(a.chunk, capacity)).initial_capacity(std::min<std::size_t>(capacity, 64));
+        cfg.dtype(dtype);
         return cfg;
     }
 
-    Runner(const dm_args &args, const dm_weights &weights) : a(args), w(weights), cache(config(args)) {
+    okv::Dtype dtype;
+
+    Runner(const dm_args &args, const dm_weights &weights, okv::Dtype dt)
+        : a(args), w(weights), cache(config(args, dt)), dtype(dt) {
         std::size_t t = a.chunk, widest = std::max(a.hidden, a.q_heads * a.head_dim);
         x.resize(t * a.hidden);
         h.resize(t * a.hidden);
@@ -110,7 +120,7 @@ struct Runner {
 const char USAGE[] =
     "usage: runner-cpp [--prefix N] [--decode N] [--chunk N] [--layers N] [--window N]\n"
     "                  [--hidden N] [--q-heads N] [--kv-heads N] [--head-dim N] [--vocab N]\n"
-    "                  [--seed INT] [--threads N] [--fail-at M]\n"
+    "                  [--seed INT] [--threads N] [--fail-at M] [--dtype NAME] [--restore-at M]\n"
     "One sequence of the offgraph-kv demo model through the C++ wrapper, in the step protocol.\n";
 
 }  // namespace
@@ -118,7 +128,8 @@ const char USAGE[] =
 int main(int argc, char **argv) {
     dm_args a = dm_default_args();
     a.seqs = 1;
-    long fail_at = -1;
+    long fail_at = -1, restore_at = -1;
+    okv::Dtype dtype = okv::Dtype::f16;
     for (int i = 1; i < argc; i++) {
         std::string f = argv[i];
         if (f == "-h" || f == "--help") {
@@ -131,6 +142,19 @@ int main(int argc, char **argv) {
         }
         if (f == "--fail-at") {
             fail_at = std::stol(argv[++i]);
+            continue;
+        }
+        if (f == "--restore-at") {
+            restore_at = std::stol(argv[++i]);
+            continue;
+        }
+        if (f == "--dtype") {
+            try {
+                dtype = okv::dtype_from_name(argv[++i]);
+            } catch (const okv::Error &e) {
+                std::fprintf(stderr, "%srunner-cpp: error: --dtype: %s\n", USAGE, e.what());
+                return 2;
+            }
             continue;
         }
         if (f == "--seqs" || dm_parse_flag(&a, argv[i], argv[i + 1]) != 1) {
@@ -151,23 +175,35 @@ int main(int argc, char **argv) {
     }
     int rc = 1;
     try {
-        Runner r(a, w);
+        Runner r(a, w, dtype);
         std::size_t rewinds = 0;
         for (std::size_t start = 0; start < a.prefix; start += a.chunk) {
             std::vector<std::size_t> chunk;
             for (std::size_t p = start; p < std::min(start + a.chunk, a.prefix); p++) chunk.push_back(dm_prompt_token(&a, p));
             r.step(chunk, false, rewinds);
         }
+        std::size_t restored = 0;
         std::vector<std::size_t> tok{dm_fork_token(&a, 0)}, generated;
         std::vector<float> scratch(a.hidden + a.vocab);
         for (std::size_t m = 0; m < a.decode; m++) {
             if (!r.cache.can_extend(1)) break;  // full: admission would refuse the step
+            if (static_cast<long>(m) == restore_at) {
+                // The conversation as bytes (what another process could load),
+                // then a new cache restored from them replaces this one.
+                const std::vector<std::uint8_t> snap = r.cache.save();
+                okv::KvSequenceCache fresh(Runner::config(a, r.dtype));
+                fresh.load(snap);
+                r.cache = std::move(fresh);
+                restored = snap.size();
+            }
             r.step(tok, static_cast<long>(m) == fail_at, rewinds);
             dm_next_tokens(&a, &w, r.x.data(), 1, scratch.data(), tok.data());
             generated.push_back(tok[0]);
         }
-        std::printf("offgraph-kv runner (C++ wrapper): length %zu, %zu rewinds, %zu ring-wrapping layer writes\n",
-                    r.cache.length(), rewinds, r.ring_wraps);
+        std::printf("offgraph-kv runner (C++ wrapper, %s pools): length %zu, %zu rewinds, %zu ring-wrapping layer "
+                    "writes, restored from a %zu-byte snapshot: %s\n",
+                    okv::dtype_name(r.dtype).c_str(), r.cache.length(), rewinds, r.ring_wraps, restored,
+                    restored ? "yes" : "no");
         std::printf("generated: [[");
         for (std::size_t i = 0; i < generated.size(); i++) std::printf(i ? ", %zu" : "%zu", generated[i]);
         std::printf("]]\n");

@@ -3,7 +3,11 @@
  *
  * Conventions:
  *  - Every function returns an okv_status; OKV_OK is 0. After a failure,
- *    okv_last_error() returns this thread's message for it.
+ *    okv_last_error() returns this thread's message for it. Each function's
+ *    comment lists the statuses it returns and when; besides those, any call
+ *    taking a handle or an out-parameter may return the common ones:
+ *    OKV_ERR_NULL_POINTER (a NULL handle or required pointer),
+ *    OKV_ERR_BAD_HANDLE, OKV_ERR_BUSY and OKV_ERR_PANIC, as described below.
  *  - Handles are opaque: made by _new (out-parameter), released by _free
  *    (NULL is a no-op). NULL, foreign, freed or wrongly typed handles are
  *    refused with OKV_ERR_NULL_POINTER / OKV_ERR_BAD_HANDLE without reading
@@ -18,8 +22,16 @@
  *    okv_pool_view) stay valid until the next mutating call on that cache.
  *  - Sequence ids are uint64_t; positions, lengths and counts are size_t.
  *  - Panics never cross the boundary: they become OKV_ERR_PANIC.
- *  - Not exposed yet: K/V dtypes (every pool is float32 here) and snapshots;
- *    they will arrive as new functions, with any new status appended.
+ *  - Pool dtypes: okv_config_set_dtypes with OKV_DTYPE_* values (float32,
+ *    float16, bfloat16, GGML q8_0; append-only). Rows are written as float32
+ *    (_update) or as uint16_t float16/bfloat16 bits (_update_f16,
+ *    _update_bf16), rounded once into the pool's dtype; okv_pool_view says
+ *    each pool's dtype and row bytes, okv_dequantize widens stored rows.
+ *  - Snapshots (okv_kv_seq_cache_save_state / _load_state,
+ *    okv_kv_cell_cache_save_seq / _load_seq) are the bytes the Rust and
+ *    Python faces write and read: C and Python processes exchange them.
+ *  - Memory: _nbytes is the bytes the pools' rows need, in their dtypes;
+ *    _reserved_bytes is the address space the pools hold.
  */
 
 
@@ -50,6 +62,19 @@
 
 // A sliding-window layer: a query at position p sees keys in [p - window + 1, p].
 #define OKV_POLICY_RING 1
+
+// IEEE single, 4 bytes per value (the default).
+#define OKV_DTYPE_F32 0
+
+// IEEE half, rounded to nearest even on write, 2 bytes per value.
+#define OKV_DTYPE_F16 1
+
+// bfloat16, rounded to nearest even on write, 2 bytes per value.
+#define OKV_DTYPE_BF16 2
+
+// GGML's Q8_0 block, byte-compatible: per 32 values of a row an fp16 scale
+// then 32 int8 (34 bytes). Needs a head_dim that is a multiple of 32.
+#define OKV_DTYPE_Q8_0 3
 
 // Every read row is visible to every query of the step.
 #define OKV_MASK_NONE 0
@@ -155,16 +180,30 @@ typedef struct {
   uint32_t backend;
 } okv_attend_options;
 
-// One layer's K and V pools, `[n_kv_heads, slots, head_dim]` float32
-// row-major. Valid until the next mutating call on the cache (`_update` may
+// One layer's K and V pools: `[n_kv_heads, slots]` rows of `k_row_bytes`
+// (`v_row_bytes`) bytes each, row-major, stored in `k_dtype` (`v_dtype`):
+// head h's row s starts at byte `(h * slots + s) * row_bytes`. A float32
+// row is `head_dim` floats, a float16/bfloat16 row `head_dim` `uint16_t`
+// bits, a q8_0 row `head_dim / 32` GGML blocks (`okv_dequantize` widens any
+// of them). Valid until the next mutating call on the cache (`_update` may
 // grow the pools into new memory; `_free` releases them).
 typedef struct {
-  const float *k;
-  const float *v;
+  // The K rows (64-byte aligned).
+  const void *k;
+  // The V rows (64-byte aligned).
+  const void *v;
   size_t n_kv_heads;
   // The row stride, in rows.
   size_t slots;
   size_t head_dim;
+  // The `OKV_DTYPE_*` of the K rows.
+  uint32_t k_dtype;
+  // The `OKV_DTYPE_*` of the V rows.
+  uint32_t v_dtype;
+  // Bytes one K row takes.
+  size_t k_row_bytes;
+  // Bytes one V row takes.
+  size_t v_row_bytes;
 } okv_pool_view;
 
 // One layer's policy and K/V geometry.
@@ -210,19 +249,32 @@ extern "C" {
 
 // A cell cache (bookkeeping only) of `n_cells` cells per table and at most
 // `n_seq_max` live sequences, for `cfg` (validated; copied).
+//
+// Statuses: `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation;
+// `OKV_ERR_INVALID_ARGUMENT` when `n_cells` or `n_seq_max` is 0 or out of
+// range (`*out_cache` is not written).
 okv_status okv_cell_cache_new(const okv_config *cfg,
                               size_t n_cells,
                               size_t n_seq_max,
                               okv_cell_cache **out_cache);
 
 // Frees the cache. NULL is a no-op.
+//
+// Statuses: as `okv_seq_cache_free`.
 okv_status okv_cell_cache_free(okv_cell_cache *cache);
 
 // A new empty sequence; its id is never handed out again in this process.
+//
+// Statuses: `OKV_ERR_OUT_OF_CAPACITY` when `n_seq_max` sequences are live.
 okv_status okv_cell_cache_seq_new(okv_cell_cache *cache, uint64_t *out_seq);
 
 // A new sequence owning `src`'s cells with position < `upto` (`OKV_NONE`:
 // all); no K/V is copied. Closes the open step.
+//
+// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `src` is not live in this cache;
+// `OKV_ERR_OUT_OF_CAPACITY` when `n_seq_max` sequences are live;
+// `OKV_ERR_INVALID_ARGUMENT` when the clone's next step would need a ring
+// position the ring table already dropped.
 okv_status okv_cell_cache_seq_clone(okv_cell_cache *cache,
                                     uint64_t src,
                                     size_t upto,
@@ -230,42 +282,78 @@ okv_status okv_cell_cache_seq_clone(okv_cell_cache *cache,
 
 // Drops `seq`'s positions in [p0, p1) (`p1` = `OKV_NONE`: to the end).
 // Closes the open step.
+//
+// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live;
+// `OKV_ERR_INVALID_ARGUMENT` for `p1` below `p0`, or a removal that would leave
+// the sequence's next step without ring keys it needs.
 okv_status okv_cell_cache_seq_rm(okv_cell_cache *cache, uint64_t seq, size_t p0, size_t p1);
 
 // Frees `seq` (its id is refused from now on). Closes the open step.
+//
+// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live.
 okv_status okv_cell_cache_seq_free(okv_cell_cache *cache, uint64_t seq);
 
 // The position `seq`'s next token takes (one past its highest held position).
+//
+// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live.
 okv_status okv_cell_cache_next_pos(const okv_cell_cache *cache, uint64_t seq, size_t *out_pos);
 
 // Positions `seq` holds.
+//
+// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live.
 okv_status okv_cell_cache_seq_len(const okv_cell_cache *cache, uint64_t seq, size_t *out_len);
 
 // Free cells of the tightest table.
+//
+// Statuses: only the common ones.
 okv_status okv_cell_cache_free_cells(const okv_cell_cache *cache, size_t *out_n);
 
 // Cells per table.
+//
+// Statuses: only the common ones.
 okv_status okv_cell_cache_capacity(const okv_cell_cache *cache, size_t *out_n);
 
 // Whether `n` more tokens fit in the free cells (conservative for ring tables).
+//
+// Statuses: only the common ones.
 okv_status okv_cell_cache_can_extend(const okv_cell_cache *cache, size_t n, bool *out_ok);
 
 // Frees every sequence and cell; closes the open step.
+//
+// Statuses: only the common ones.
 okv_status okv_cell_cache_clear(okv_cell_cache *cache);
 
 // The admission gate and placement: token i of the step belongs to
 // `seq_ids[i]` at `positions[i]` (`n_tokens` entries each). All or nothing.
+//
+// The config's `max_step` bounds the step's tokens of all sequences
+// together (`n_tokens`), not each sequence's.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for `n_tokens` 0 or above `max_step`,
+// a position of `SIZE_MAX`, or a sequence's positions not strictly increasing
+// within the step; `OKV_ERR_UNKNOWN_SEQUENCE` for an id that is not live in
+// this cache; `OKV_ERR_STEP_PROTOCOL` when a token would rewrite a position its
+// sequence holds (a step only extends); `OKV_ERR_OUT_OF_CAPACITY` when the free
+// cells do not suffice; `OKV_ERR_NULL_POINTER` for NULL arrays with
+// `n_tokens` > 0.
 okv_status okv_cell_cache_begin_step(okv_cell_cache *cache,
                                      const uint64_t *seq_ids,
                                      const size_t *positions,
                                      size_t n_tokens);
 
 // The open step's plan for `layer` (pointers valid until the next mutating call).
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range;
+// `OKV_ERR_STEP_PROTOCOL` with no open step (`seq_rm`, `seq_clone`,
+// `seq_free` and `clear` close it).
 okv_status okv_cell_cache_plan(const okv_cell_cache *cache, size_t layer, okv_cell_plan *out_plan);
 
 // Token `token`'s visible cells at `layer` as sorted, disjoint runs, into
 // `runs` (room for `cap`); `*out_n` gets the count. With too small a buffer:
 // `OKV_ERR_BUFFER_TOO_SMALL`, `*out_n` the count needed, `runs` untouched.
+//
+// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` as above; `OKV_ERR_INVALID_ARGUMENT`
+// for a layer or token out of range; `OKV_ERR_STEP_PROTOCOL` with no open step.
 okv_status okv_cell_cache_visible(const okv_cell_cache *cache,
                                   size_t layer,
                                   size_t token,
@@ -275,6 +363,9 @@ okv_status okv_cell_cache_visible(const okv_cell_cache *cache,
 
 // The open step's dense mask at `layer`: `*out_rows` (tokens) x `*out_cols`
 // (read_len) bytes, row-major, 1 = visible. Valid until the next mutating call.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range;
+// `OKV_ERR_STEP_PROTOCOL` with no open step.
 okv_status okv_cell_cache_dense_mask(okv_cell_cache *cache,
                                      size_t layer,
                                      const uint8_t **out_mask,
@@ -282,61 +373,93 @@ okv_status okv_cell_cache_dense_mask(okv_cell_cache *cache,
                                      size_t *out_cols);
 
 // A cell cache with K/V pools (`n_cells` rows deep) for `cfg` (validated; copied).
+//
+// Statuses: as `okv_cell_cache_new`, and `OKV_ERR_OUT_OF_CAPACITY` when the
+// first pools cannot be allocated.
 okv_status okv_kv_cell_cache_new(const okv_config *cfg,
                                  size_t n_cells,
                                  size_t n_seq_max,
                                  okv_kv_cell_cache **out_cache);
 
 // Frees the cache and its pools. NULL is a no-op.
+//
+// Statuses: as `okv_seq_cache_free`.
 okv_status okv_kv_cell_cache_free(okv_kv_cell_cache *cache);
 
 // See `okv_cell_cache_seq_new`.
+//
+// Statuses: as `okv_cell_cache_seq_new`.
 okv_status okv_kv_cell_cache_seq_new(okv_kv_cell_cache *cache, uint64_t *out_seq);
 
 // See `okv_cell_cache_seq_clone` (the clone shares the cells' K/V rows).
+//
+// Statuses: as `okv_cell_cache_seq_clone`.
 okv_status okv_kv_cell_cache_seq_clone(okv_kv_cell_cache *cache,
                                        uint64_t src,
                                        size_t upto,
                                        uint64_t *out_seq);
 
 // See `okv_cell_cache_seq_rm`.
+//
+// Statuses: as `okv_cell_cache_seq_rm`.
 okv_status okv_kv_cell_cache_seq_rm(okv_kv_cell_cache *cache, uint64_t seq, size_t p0, size_t p1);
 
 // See `okv_cell_cache_seq_free`.
+//
+// Statuses: as `okv_cell_cache_seq_free`.
 okv_status okv_kv_cell_cache_seq_free(okv_kv_cell_cache *cache, uint64_t seq);
 
 // See `okv_cell_cache_next_pos`.
+//
+// Statuses: as `okv_cell_cache_next_pos`.
 okv_status okv_kv_cell_cache_next_pos(const okv_kv_cell_cache *cache,
                                       uint64_t seq,
                                       size_t *out_pos);
 
 // See `okv_cell_cache_seq_len`.
+//
+// Statuses: as `okv_cell_cache_seq_len`.
 okv_status okv_kv_cell_cache_seq_len(const okv_kv_cell_cache *cache, uint64_t seq, size_t *out_len);
 
 // See `okv_cell_cache_free_cells`.
+//
+// Statuses: only the common ones.
 okv_status okv_kv_cell_cache_free_cells(const okv_kv_cell_cache *cache, size_t *out_n);
 
 // See `okv_cell_cache_capacity`.
+//
+// Statuses: only the common ones.
 okv_status okv_kv_cell_cache_capacity(const okv_kv_cell_cache *cache, size_t *out_n);
 
 // See `okv_cell_cache_can_extend`.
+//
+// Statuses: only the common ones.
 okv_status okv_kv_cell_cache_can_extend(const okv_kv_cell_cache *cache, size_t n, bool *out_ok);
 
 // See `okv_cell_cache_clear` (pool memory is kept).
+//
+// Statuses: only the common ones.
 okv_status okv_kv_cell_cache_clear(okv_kv_cell_cache *cache);
 
 // See `okv_cell_cache_begin_step`.
+//
+// Statuses: as `okv_cell_cache_begin_step` (`max_step` bounds all
+// sequences' tokens together).
 okv_status okv_kv_cell_cache_begin_step(okv_kv_cell_cache *cache,
                                         const uint64_t *seq_ids,
                                         const size_t *positions,
                                         size_t n_tokens);
 
 // See `okv_cell_cache_plan`.
+//
+// Statuses: as `okv_cell_cache_plan`.
 okv_status okv_kv_cell_cache_plan(const okv_kv_cell_cache *cache,
                                   size_t layer,
                                   okv_cell_plan *out_plan);
 
 // See `okv_cell_cache_visible`.
+//
+// Statuses: as `okv_cell_cache_visible`.
 okv_status okv_kv_cell_cache_visible(const okv_kv_cell_cache *cache,
                                      size_t layer,
                                      size_t token,
@@ -345,6 +468,8 @@ okv_status okv_kv_cell_cache_visible(const okv_kv_cell_cache *cache,
                                      size_t *out_n);
 
 // See `okv_cell_cache_dense_mask`.
+//
+// Statuses: as `okv_cell_cache_dense_mask`.
 okv_status okv_kv_cell_cache_dense_mask(okv_kv_cell_cache *cache,
                                         size_t layer,
                                         const uint8_t **out_mask,
@@ -354,6 +479,8 @@ okv_status okv_kv_cell_cache_dense_mask(okv_kv_cell_cache *cache,
 // Writes the open step's rows of `layer` to the tokens' cells: `k` and `v`
 // hold `[n_kv_heads, n_tokens, head_dim]` floats (`k_len`, `v_len`), not
 // overlapping the pools. Refused calls write nothing.
+//
+// Statuses: as `okv_kv_seq_cache_update`.
 okv_status okv_kv_cell_cache_update(okv_kv_cell_cache *cache,
                                     size_t layer,
                                     const float *k,
@@ -363,6 +490,10 @@ okv_status okv_kv_cell_cache_update(okv_kv_cell_cache *cache,
 
 // Attention of the open step at `layer` into `out` (see
 // `okv_kv_seq_cache_attend`); each token sees exactly its sequence's cells.
+//
+// Query head h reads KV head h / (n_q_heads / n_kv_heads).
+//
+// Statuses: as `okv_kv_seq_cache_attend`.
 okv_status okv_kv_cell_cache_attend(okv_kv_cell_cache *cache,
                                     size_t layer,
                                     const float *q,
@@ -373,73 +504,212 @@ okv_status okv_kv_cell_cache_attend(okv_kv_cell_cache *cache,
                                     const okv_attend_options *options);
 
 // Layer `layer`'s pools (valid until the next mutating call on the cache).
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range.
 okv_status okv_kv_cell_cache_pool(const okv_kv_cell_cache *cache,
                                   size_t layer,
                                   okv_pool_view *out_view);
 
 // Bytes all pools hold.
+//
+// Statuses: only the common ones (real stored bytes, as `okv_kv_seq_cache_nbytes`).
 okv_status okv_kv_cell_cache_nbytes(const okv_kv_cell_cache *cache, size_t *out_bytes);
 
 // A config of `capacity` positions and `n_layers` layers, with no layer
 // configs yet (set them with `okv_config_set_layers`), `max_step` 1 and
 // `initial_capacity` min(capacity, 16). Nothing is validated until a cache is
 // built (or `okv_config_validate`).
+//
+// Statuses: only the common ones (`OKV_ERR_NULL_POINTER` for a NULL `out_cfg`).
 okv_status okv_config_new(size_t capacity, size_t n_layers, okv_config **out_cfg);
 
 // Frees a config. NULL is a no-op.
+//
+// Statuses: `OKV_ERR_BAD_HANDLE` for a pointer that is not a live config (nothing freed).
 okv_status okv_config_free(okv_config *cfg);
 
 // Sets the layer configs: `n` is 1 (every layer alike) or the config's
 // `n_layers`. Refused (nothing changes) for another count or an unknown policy.
+//
+// Statuses: `OKV_ERR_INVALID_CONFIG` for a count other than 1 or
+// `n_layers`, or an unknown policy (the message names `layers[i].policy`);
+// `OKV_ERR_NULL_POINTER` for NULL `layers` with `n` > 0. Ranges (heads,
+// head_dim, window) are checked by `okv_config_validate` and the constructors.
 okv_status okv_config_set_layers(okv_config *cfg, const okv_layer_config *layers, size_t n);
 
 // Sets the most tokens one step may carry (checked when a cache is built).
+//
+// Statuses: only the common ones; `max_step` 0 or above the capacity is
+// `OKV_ERR_INVALID_CONFIG` from `okv_config_validate` and every constructor.
 okv_status okv_config_set_max_step(okv_config *cfg, size_t max_step);
 
 // Sets the slots a pool starts with (checked when a cache is built).
+//
+// Statuses: only the common ones; 0 is `OKV_ERR_INVALID_CONFIG` from
+// `okv_config_validate` and every constructor (a value above a layer's depth is clamped).
 okv_status okv_config_set_initial_capacity(okv_config *cfg, size_t initial_capacity);
 
 // `OKV_OK` when the config is valid, else `OKV_ERR_INVALID_CONFIG` naming the field.
+//
+// Statuses: `OKV_ERR_INVALID_CONFIG` naming the first bad field: capacity 0
+// or above 2^31, n_layers 0 or above 65536, a layer count other than 1 or
+// n_layers, `max_step` 0 or above the capacity, `initial_capacity` 0, heads or
+// head_dim 0 or out of range, a ring window of 0, a q8_0 dtype with a head_dim
+// that is not a multiple of 32.
 okv_status okv_config_validate(const okv_config *cfg);
 
 // The pool depth (slots) of layer `layer`: capacity for a flat layer,
 // min(window + max_step - 1, capacity) for a ring layer.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range;
+// `OKV_ERR_INVALID_CONFIG` for a config with no layer configs yet.
 okv_status okv_config_depth(const okv_config *cfg, size_t layer, size_t *out_depth);
+
+// Sets the storage dtype of every K pool and every V pool (`okv_dtype`
+// values; a new config is float32 for both).
+//
+// Statuses: `OKV_ERR_INVALID_CONFIG` for an unknown dtype value (the config
+// is unchanged). A q8_0 dtype with a head_dim that is not a multiple of 32 is
+// accepted here and refused, `OKV_ERR_INVALID_CONFIG`, by `okv_config_validate`
+// and every cache constructor (layers may be set in any order).
+okv_status okv_config_set_dtypes(okv_config *cfg, uint32_t k_dtype, uint32_t v_dtype);
+
+// The K and V dtypes of `cfg` (`OKV_DTYPE_*` values).
+//
+// Statuses: only the common ones (NULL pointer, bad handle, busy).
+okv_status okv_config_dtypes(const okv_config *cfg, uint32_t *out_k_dtype, uint32_t *out_v_dtype);
+
+// The dtype named `name` (`"float32"`, `"float16"`, `"bfloat16"`, `"q8_0"`,
+// the Python names) into `*out_dtype`.
+//
+// Statuses: `OKV_ERR_INVALID_CONFIG` for an unknown name (the message lists
+// the names), `OKV_ERR_INVALID_ARGUMENT` for a name that is not UTF-8.
+okv_status okv_dtype_from_name(const char *name, uint32_t *out_dtype);
+
+// The name of an `OKV_DTYPE_*` value (`"float16"`, ...), or `"unknown"`. The
+// string is static.
+const char *okv_dtype_name(uint32_t dtype);
+
+// Bytes one row of `head_dim` values takes in `dtype` into `*out_bytes`:
+// 4 * head_dim (float32), 2 * head_dim (float16, bfloat16),
+// head_dim / 32 * 34 (q8_0).
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for an unknown dtype, or for q8_0 with
+// a head_dim that is not a multiple of 32.
+okv_status okv_dtype_row_bytes(uint32_t dtype, size_t head_dim, size_t *out_bytes);
+
+// Decodes `src_bytes` bytes of stored rows of `dtype` (a pool view's `k` or
+// `v`, or part of one) into `dst_len` float32 values at `dst`: exact for
+// float16 and bfloat16, `d * q` per value for q8_0. `src_bytes` must be what
+// `dst_len` values take in `dtype` (for q8_0, `dst_len` a multiple of 32).
+// For a whole pool view: `src_bytes = n_kv_heads * slots * row_bytes`,
+// `dst_len = n_kv_heads * slots * head_dim`.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for an unknown dtype or a `dst` that
+// overlaps `src`; `OKV_ERR_SHAPE` when the sizes do not match; `dst` is
+// untouched on every refusal.
+okv_status okv_dequantize(uint32_t dtype,
+                          const uint8_t *src,
+                          size_t src_bytes,
+                          float *dst,
+                          size_t dst_len);
+
+// `okv_kv_seq_cache_update` with `k` and `v` as IEEE half bits
+// (`[n_kv_heads, n_tokens, head_dim]` values each; `k_len`, `v_len` elements).
+//
+// Statuses: as `okv_kv_seq_cache_update`: `OKV_ERR_STEP_PROTOCOL` with no
+// open step, `OKV_ERR_INVALID_ARGUMENT` for a layer out of range or rows that
+// overlap the pools, `OKV_ERR_SHAPE` for a wrong element count (the message
+// says the expected `[n_kv_heads, n_tokens, head_dim]`), `OKV_ERR_NULL_POINTER`
+// for NULL rows with a nonzero length. Refused calls write nothing.
+okv_status okv_kv_seq_cache_update_f16(okv_kv_seq_cache *cache,
+                                       size_t layer,
+                                       const uint16_t *k,
+                                       size_t k_len,
+                                       const uint16_t *v,
+                                       size_t v_len);
+
+// `okv_kv_seq_cache_update_f16` with rows as bfloat16 bits (same statuses).
+okv_status okv_kv_seq_cache_update_bf16(okv_kv_seq_cache *cache,
+                                        size_t layer,
+                                        const uint16_t *k,
+                                        size_t k_len,
+                                        const uint16_t *v,
+                                        size_t v_len);
+
+// `okv_kv_cell_cache_update` with `k` and `v` as IEEE half bits (same
+// statuses as `okv_kv_seq_cache_update_f16`).
+okv_status okv_kv_cell_cache_update_f16(okv_kv_cell_cache *cache,
+                                        size_t layer,
+                                        const uint16_t *k,
+                                        size_t k_len,
+                                        const uint16_t *v,
+                                        size_t v_len);
+
+// `okv_kv_cell_cache_update` with rows as bfloat16 bits (same statuses as
+// `okv_kv_seq_cache_update_f16`).
+okv_status okv_kv_cell_cache_update_bf16(okv_kv_cell_cache *cache,
+                                         size_t layer,
+                                         const uint16_t *k,
+                                         size_t k_len,
+                                         const uint16_t *v,
+                                         size_t v_len);
 
 // Stores the live handle `handle` (any okv handle type) under `key`.
 // A taken key (`OKV_ERR_KEY_EXISTS`) or an empty one is refused.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for an empty key or one that is not
+// UTF-8; `OKV_ERR_KEY_EXISTS` for a taken key; `OKV_ERR_BAD_HANDLE` when
+// `handle` is not a live okv handle; `OKV_ERR_NULL_POINTER` for a NULL key or handle.
 okv_status okv_registry_install(const char *key, const void *handle);
 
 // The handle under `key` (borrowed: the registry does not own it) and its kind.
+//
+// Statuses: `OKV_ERR_NOT_FOUND` when no handle is installed under `key`;
+// `OKV_ERR_INVALID_ARGUMENT` for a key that is not UTF-8.
 okv_status okv_registry_get(const char *key, okv_handle_kind *out_kind, void **out_handle);
 
 // Removes `key` (the handle itself is untouched). `OKV_ERR_NOT_FOUND` if absent.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a key that is not UTF-8.
 okv_status okv_registry_erase(const char *key);
 
 // Whether `key` is installed.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a key that is not UTF-8.
 okv_status okv_registry_contains(const char *key, bool *out_found);
 
 // A key no other call in this process returned: `prefix` plus a counter,
 // written NUL-terminated into `buf` (room for `cap` bytes); `*out_len` gets
 // its length without the NUL. With too small a buffer:
 // `OKV_ERR_BUFFER_TOO_SMALL`, `*out_len` the length needed, `buf` untouched.
+//
+// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` as above; `OKV_ERR_INVALID_ARGUMENT`
+// for a prefix that is not UTF-8.
 okv_status okv_registry_unique_key(const char *prefix, char *buf, size_t cap, size_t *out_len);
 
 // Registers (or replaces) the builder for (`backend_id`, `kind`).
 // `user_data` is passed back to every call and must stay valid as long as
 // the builder is registered (for the process's life, unless replaced).
+//
+// Statuses: `OKV_ERR_NULL_POINTER` for a NULL `build`, backend_id or kind;
+// `OKV_ERR_INVALID_ARGUMENT` for names that are not UTF-8.
 okv_status okv_registry_register_builder(const char *backend_id,
                                          const char *kind,
                                          okv_builder_fn build,
                                          void *user_data);
 
 // Whether a builder is registered for (`backend_id`, `kind`).
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for names that are not UTF-8.
 okv_status okv_registry_has_builder(const char *backend_id, const char *kind, bool *out_found);
 
 // Validates `cfg`, then builds with the builder for (`backend_id`, `kind`):
 // the new handle (owned by the caller, not installed) and its kind.
 // `OKV_ERR_NOT_FOUND` without such a builder; `OKV_ERR_BACKEND` when the
 // callback fails; `OKV_ERR_INVALID_ARGUMENT` when it returns no live handle.
+//
+// Statuses: those above, and `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation.
 okv_status okv_registry_build(const char *backend_id,
                               const char *kind,
                               const okv_config *cfg,
@@ -447,71 +717,123 @@ okv_status okv_registry_build(const char *backend_id,
                               void **out_handle);
 
 // A sequence cache (bookkeeping only) for `cfg` (validated; copied).
+//
+// Statuses: `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation (see
+// `okv_config_validate`; `*out_cache` is not written).
 okv_status okv_seq_cache_new(const okv_config *cfg, okv_seq_cache **out_cache);
 
 // Frees the cache. NULL is a no-op.
+//
+// Statuses: `OKV_ERR_BAD_HANDLE` (nothing freed), `OKV_ERR_BUSY` while another
+// thread is inside a call on it.
 okv_status okv_seq_cache_free(okv_seq_cache *cache);
 
 // Tokens committed so far.
+//
+// Statuses: only the common ones.
 okv_status okv_seq_cache_length(const okv_seq_cache *cache, size_t *out_len);
 
 // Most tokens the sequence may hold.
+//
+// Statuses: only the common ones.
 okv_status okv_seq_cache_capacity(const okv_seq_cache *cache, size_t *out_cap);
 
 // The lowest length `rewind` accepts now (ring layers bound it).
+//
+// Statuses: only the common ones.
 okv_status okv_seq_cache_min_rewind(const okv_seq_cache *cache, size_t *out_len);
 
 // Whether `n` more tokens fit.
+//
+// Statuses: only the common ones.
 okv_status okv_seq_cache_can_extend(const okv_seq_cache *cache, size_t n, bool *out_ok);
 
 // The admission gate: checks 1 <= n_tokens <= max_step and room, commits
 // the step (length grows by n_tokens) and writes its first position. A
 // refused call changes nothing and leaves the previous step open.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for `n_tokens` 0 or above the
+// config's `max_step`; `OKV_ERR_OUT_OF_CAPACITY` when length + n_tokens
+// exceeds the capacity. `*out_position` is written on success only.
 okv_status okv_seq_cache_begin_step(okv_seq_cache *cache, size_t n_tokens, size_t *out_position);
 
 // Drops the tokens from `new_len` on and closes the step. Refused above the
 // length or below `min_rewind`.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for `new_len` above the length or below
+// `min_rewind` (the message says which bound).
 okv_status okv_seq_cache_rewind(okv_seq_cache *cache, size_t new_len);
 
 // Forgets everything and closes the step.
+//
+// Statuses: only the common ones.
 okv_status okv_seq_cache_clear(okv_seq_cache *cache);
 
 // The open step's plan for `layer` (`OKV_ERR_STEP_PROTOCOL` with no open step).
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range (checked
+// first); `OKV_ERR_STEP_PROTOCOL` with no open step (before the first
+// `begin_step`, after `rewind` or `clear`).
 okv_status okv_seq_cache_plan(const okv_seq_cache *cache, size_t layer, okv_seq_plan *out_plan);
 
 // A sequence cache with K/V pools for `cfg` (validated; copied).
+//
+// Statuses: `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation (unknown
+// dtypes cannot reach it: `okv_config_set_dtypes` refuses them);
+// `OKV_ERR_OUT_OF_CAPACITY` when the first pools cannot be allocated.
 okv_status okv_kv_seq_cache_new(const okv_config *cfg, okv_kv_seq_cache **out_cache);
 
 // Frees the cache and its pools. NULL is a no-op.
+//
+// Statuses: as `okv_seq_cache_free`.
 okv_status okv_kv_seq_cache_free(okv_kv_seq_cache *cache);
 
 // Tokens committed so far.
+//
+// Statuses: only the common ones.
 okv_status okv_kv_seq_cache_length(const okv_kv_seq_cache *cache, size_t *out_len);
 
 // Most tokens the sequence may hold.
+//
+// Statuses: only the common ones.
 okv_status okv_kv_seq_cache_capacity(const okv_kv_seq_cache *cache, size_t *out_cap);
 
 // The lowest length `rewind` accepts now (ring layers bound it).
+//
+// Statuses: only the common ones.
 okv_status okv_kv_seq_cache_min_rewind(const okv_kv_seq_cache *cache, size_t *out_len);
 
 // Bytes all pools hold.
+//
+// Statuses: only the common ones. The count is the real stored bytes:
+// 2 per value for float16/bfloat16 pools, 34 per 32 values for q8_0.
 okv_status okv_kv_seq_cache_nbytes(const okv_kv_seq_cache *cache, size_t *out_bytes);
 
 // Whether `n` more tokens fit.
+//
+// Statuses: only the common ones.
 okv_status okv_kv_seq_cache_can_extend(const okv_kv_seq_cache *cache, size_t n, bool *out_ok);
 
 // The admission gate (see `okv_seq_cache_begin_step`).
+//
+// Statuses: as `okv_seq_cache_begin_step`.
 okv_status okv_kv_seq_cache_begin_step(okv_kv_seq_cache *cache,
                                        size_t n_tokens,
                                        size_t *out_position);
 
 // Drops the tokens from `new_len` on and closes the step (see `okv_seq_cache_rewind`).
+//
+// Statuses: as `okv_seq_cache_rewind`.
 okv_status okv_kv_seq_cache_rewind(okv_kv_seq_cache *cache, size_t new_len);
 
 // Forgets every token (pool memory is kept) and closes the step.
+//
+// Statuses: only the common ones.
 okv_status okv_kv_seq_cache_clear(okv_kv_seq_cache *cache);
 
 // The open step's plan for `layer`.
+//
+// Statuses: as `okv_seq_cache_plan`.
 okv_status okv_kv_seq_cache_plan(const okv_kv_seq_cache *cache,
                                  size_t layer,
                                  okv_seq_plan *out_plan);
@@ -519,6 +841,12 @@ okv_status okv_kv_seq_cache_plan(const okv_kv_seq_cache *cache,
 // Writes the open step's rows of `layer`: `k` and `v` hold
 // `[n_kv_heads, n_tokens, head_dim]` floats each (`k_len`, `v_len` elements),
 // not overlapping the pools. Refused calls write nothing.
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range, or `k`/`v`
+// overlapping the pools or misaligned; `OKV_ERR_STEP_PROTOCOL` with no open
+// step; `OKV_ERR_SHAPE` for a wrong element count (the message gives the
+// expected `[n_kv_heads, n_tokens, head_dim]`); `OKV_ERR_NULL_POINTER` for NULL
+// rows with a nonzero length; `OKV_ERR_OUT_OF_CAPACITY` when a pool cannot grow.
 okv_status okv_kv_seq_cache_update(okv_kv_seq_cache *cache,
                                    size_t layer,
                                    const float *k,
@@ -530,6 +858,18 @@ okv_status okv_kv_seq_cache_update(okv_kv_seq_cache *cache,
 // `[n_q_heads, n_tokens, head_dim]` floats (`q_len`, `out_len` elements);
 // `n_q_heads` a multiple of the layer's KV heads. Call after `_update` of
 // this layer. `out` is untouched on refusal.
+//
+// Grouped-query attention: query head h reads KV head h / (n_q_heads /
+// n_kv_heads).
+//
+// Statuses: `OKV_ERR_SHAPE` when `n_q_heads` is not a nonzero multiple of the
+// layer's `n_kv_heads` (a GQA mismatch) or `q_len`/`out_len` are not
+// `n_q_heads * n_tokens * head_dim`; `OKV_ERR_INVALID_ARGUMENT` for a layer out
+// of range, `out` overlapping `q` or the pools, a non-finite scale or an
+// unknown backend; `OKV_ERR_STEP_PROTOCOL` with no open step;
+// `OKV_ERR_BACKEND` when the backend asked for cannot serve (XNNPACK not
+// built, or a pool dtype it does not read); `OKV_ERR_NULL_POINTER` for NULL
+// `q` or `out` with a nonzero length.
 okv_status okv_kv_seq_cache_attend(const okv_kv_seq_cache *cache,
                                    size_t layer,
                                    const float *q,
@@ -540,9 +880,90 @@ okv_status okv_kv_seq_cache_attend(const okv_kv_seq_cache *cache,
                                    const okv_attend_options *options);
 
 // Layer `layer`'s pools (see `okv_pool_view` for how long they stay valid).
+//
+// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range.
 okv_status okv_kv_seq_cache_pool(const okv_kv_seq_cache *cache,
                                  size_t layer,
                                  okv_pool_view *out_view);
+
+// A snapshot of the sequence's positions into `buf` (room for `cap` bytes);
+// `*out_len` gets its size. `upto` is one past the last position
+// (`OKV_NONE`: the length). `start` is `OKV_NONE` for a whole state, positions
+// `[0, upto)`, that `okv_kv_seq_cache_load_state` restores into an empty cache
+// (refused when a ring layer no longer holds the tail `upto` needs); a
+// position makes a range `[start, upto)` (a prefix chunk) that continues a
+// cache whose length is `start`, as Python's `save_state(upto, start=start)`.
+// The bytes equal those of Python's `KvSequenceCache.save_state` and Rust's
+// `save_state` / `save_range` for the same state. Take it between steps: a
+// step whose layers are not all updated holds unwritten rows.
+//
+// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` when the snapshot takes more than
+// `cap` bytes (`*out_len` is then the size needed, `buf` untouched; `buf` may
+// be NULL when `cap` is 0); `OKV_ERR_INVALID_ARGUMENT` when `[start, upto)`
+// is not within the length, when a whole state's ring tail was overwritten,
+// or when `buf` overlaps the pools; `OKV_ERR_NULL_POINTER` for a NULL
+// `out_len`, or a NULL `buf` with the snapshot fitting in a nonzero `cap`.
+// The cache never changes.
+okv_status okv_kv_seq_cache_save_state(const okv_kv_seq_cache *cache,
+                                       size_t start,
+                                       size_t upto,
+                                       uint8_t *buf,
+                                       size_t cap,
+                                       size_t *out_len);
+
+// Restores a snapshot of `len` bytes at `data` (a whole state into an empty
+// cache, or a range starting at this cache's length). All or nothing.
+//
+// Statuses: `OKV_ERR_SNAPSHOT` for data that is truncated, damaged (checksum),
+// foreign (another layout or dtype, a cell snapshot), of a newer format,
+// incomplete alone, or that does not start at this cache's length or ends
+// beyond its capacity; `OKV_ERR_INVALID_ARGUMENT` when `data` overlaps the
+// pools; `OKV_ERR_NULL_POINTER` for NULL `data` with a nonzero `len`. On a
+// refusal the cache's state is unchanged (its pools may have grown).
+okv_status okv_kv_seq_cache_load_state(okv_kv_seq_cache *cache, const uint8_t *data, size_t len);
+
+// Restores a chain of `n` ranges (`data[i]`, `lens[i]` bytes each), the first
+// starting at this cache's length and each starting where the previous ends,
+// as one all-or-nothing load (prefix chunks saved with a `start`).
+//
+// Statuses: as `okv_kv_seq_cache_load_state` (the message names the chain
+// member), and `OKV_ERR_SNAPSHOT` for an empty chain or members that do not
+// continue each other.
+okv_status okv_kv_seq_cache_load_states(okv_kv_seq_cache *cache,
+                                        const uint8_t *const *data,
+                                        const size_t *lens,
+                                        size_t n);
+
+// A snapshot of sequence `seq`'s positions below `upto` (`OKV_NONE`: all)
+// into `buf` (room for `cap` bytes); `*out_len` gets its size. It restores as
+// a new sequence with `okv_kv_cell_cache_load_seq`, here or in another cache
+// of the same layout and dtypes. The bytes equal Python's `save_seq`.
+//
+// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` (as `okv_kv_seq_cache_save_state`);
+// `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live in this cache;
+// `OKV_ERR_INVALID_ARGUMENT` when the ring table already dropped a position
+// the next step after `upto` needs, or `buf` overlaps the pools. The cache
+// never changes.
+okv_status okv_kv_cell_cache_save_seq(const okv_kv_cell_cache *cache,
+                                      uint64_t seq,
+                                      size_t upto,
+                                      uint8_t *buf,
+                                      size_t cap,
+                                      size_t *out_len);
+
+// Restores a `okv_kv_cell_cache_save_seq` snapshot of `len` bytes as a new
+// sequence; `*out_seq` gets its id. All or nothing.
+//
+// Statuses: `OKV_ERR_SNAPSHOT` for data that is truncated, damaged, foreign
+// (another layout or dtype, a sequence-cache snapshot), of a newer format, or
+// claiming more positions than this cache has cells;
+// `OKV_ERR_OUT_OF_CAPACITY` when the free cells or sequence ids do not
+// suffice; `OKV_ERR_INVALID_ARGUMENT` when `data` overlaps the pools. On a
+// refusal the cache's state is unchanged and `*out_seq` is not written.
+okv_status okv_kv_cell_cache_load_seq(okv_kv_cell_cache *cache,
+                                      const uint8_t *data,
+                                      size_t len,
+                                      uint64_t *out_seq);
 
 // The message of the most recent call on this thread that did not return
 // `OKV_OK` ("" when there was none). The pointer stays valid until the next
@@ -558,6 +979,13 @@ const char *okv_status_name(int32_t status);
 // growing by `new_tokens` positions one step at a time, with no cell ever
 // refused. `cfg` is validated first (`OKV_ERR_INVALID_CONFIG`); a workload
 // whose count does not fit in `size_t` is `OKV_ERR_INVALID_ARGUMENT`.
+//
+// `n_seqs` counts every sequence that grows, the original included when it
+// decodes too (the prefix's cells are counted once, shared by all); a
+// source sequence that stops growing at the fork needs no cell beyond the
+// prefix, so leave it out of `n_seqs`.
+//
+// Statuses: those above.
 okv_status okv_cells_for_forks(const okv_config *cfg,
                                size_t prefix,
                                size_t n_seqs,

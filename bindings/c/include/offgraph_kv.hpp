@@ -5,6 +5,11 @@
 //   library's message (okv_last_error() of the failing thread).
 // - Buffers: okv::span<T> (pointer + size) is built from a pointer and a
 //   length or from any contiguous container with data() and size().
+// - Dtypes: Config::dtypes picks the pools' storage; update() takes float32
+//   rows, update_f16()/update_bf16() rows as uint16_t bits; a PoolView says
+//   its dtype and gives its rows typed (rows<T>) or as float32 (dequantize).
+// - Snapshots: save()/save_seq() return std::vector<uint8_t>, load()/load_seq()
+//   take any byte span; the bytes are those Python and Rust write.
 // - Lifetimes and threads are the C API's: plans' pointers, dense masks and
 //   pool views stay valid until the next mutating call on that cache; one
 //   object must not be used by two threads at once (okv::Error with
@@ -68,6 +73,14 @@ inline okv_layer_config ring(std::size_t window, std::size_t n_kv_heads, std::si
     return okv_layer_config{OKV_POLICY_RING, window, n_kv_heads, head_dim};
 }
 
+// A pool dtype (the OKV_DTYPE_* values).
+enum class Dtype : std::uint32_t {
+    f32 = OKV_DTYPE_F32,
+    f16 = OKV_DTYPE_F16,
+    bf16 = OKV_DTYPE_BF16,
+    q8_0 = OKV_DTYPE_Q8_0,
+};
+
 namespace detail {
 template <class H, okv_status (*Free)(H *)>
 struct Deleter {
@@ -99,6 +112,17 @@ public:
         check(okv_config_set_initial_capacity(h_.get(), n));
         return *this;
     }
+    // The storage of every K pool and every V pool (float32 by default).
+    Config &dtypes(Dtype k, Dtype v) {
+        check(okv_config_set_dtypes(h_.get(), static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(v)));
+        return *this;
+    }
+    Config &dtype(Dtype kv) { return dtypes(kv, kv); }
+    std::pair<Dtype, Dtype> dtypes() const {
+        std::uint32_t k = 0, v = 0;
+        check(okv_config_dtypes(h_.get(), &k, &v));
+        return {static_cast<Dtype>(k), static_cast<Dtype>(v)};
+    }
     void validate() const { check(okv_config_validate(h_.get())); }
     std::size_t depth(std::size_t layer) const {
         std::size_t d = 0;
@@ -120,7 +144,79 @@ inline std::size_t cells_for_forks(const Config &cfg, std::size_t prefix, std::s
     return n;
 }
 
+// A dtype by its Python name ("float32", "float16", "bfloat16", "q8_0").
+inline Dtype dtype_from_name(const std::string &name) {
+    std::uint32_t d = 0;
+    check(okv_dtype_from_name(name.c_str(), &d));
+    return static_cast<Dtype>(d);
+}
+inline std::string dtype_name(Dtype d) { return okv_dtype_name(static_cast<std::uint32_t>(d)); }
+
+// Stored rows of `dtype` (`src`, whole rows) as float32 values into `dst`.
+inline void dequantize(Dtype dtype, span<const std::uint8_t> src, span<float> dst) {
+    check(okv_dequantize(static_cast<std::uint32_t>(dtype), src.data(), src.size(), dst.data(), dst.size()));
+}
+
+// The element type of a dtype's rows: float (float32), std::uint16_t bits
+// (float16, bfloat16), std::uint8_t bytes (q8_0 blocks).
+template <class T>
+inline bool holds(Dtype d) noexcept {
+    if (std::is_same<T, float>::value) return d == Dtype::f32;
+    if (std::is_same<T, std::uint16_t>::value) return d == Dtype::f16 || d == Dtype::bf16;
+    return std::is_same<T, std::uint8_t>::value;
+}
+
+// One layer's pools (an okv_pool_view) with typed access; valid until the
+// next mutating call on the cache.
+struct PoolView : okv_pool_view {
+    Dtype k_type() const noexcept { return static_cast<Dtype>(k_dtype); }
+    Dtype v_type() const noexcept { return static_cast<Dtype>(v_dtype); }
+    std::size_t k_bytes() const noexcept { return n_kv_heads * slots * k_row_bytes; }
+    std::size_t v_bytes() const noexcept { return n_kv_heads * slots * v_row_bytes; }
+    // The K (V) rows as T; okv::Error (OKV_ERR_INVALID_ARGUMENT) when T does
+    // not hold the pool's dtype (see okv::holds).
+    template <class T>
+    span<const T> k_rows() const {
+        return typed<T>(k, k_type(), k_bytes());
+    }
+    template <class T>
+    span<const T> v_rows() const {
+        return typed<T>(v, v_type(), v_bytes());
+    }
+    // The rows as float32 [n_kv_heads, slots, head_dim] (a copy).
+    std::vector<float> k_float() const { return widen(k, k_type(), k_bytes()); }
+    std::vector<float> v_float() const { return widen(v, v_type(), v_bytes()); }
+
+private:
+    template <class T>
+    static span<const T> typed(const void *p, Dtype d, std::size_t bytes) {
+        if (!holds<T>(d)) throw Error(OKV_ERR_INVALID_ARGUMENT, "PoolView: rows of " + dtype_name(d) + " asked as another type");
+        return span<const T>(static_cast<const T *>(p), bytes / sizeof(T));
+    }
+    std::vector<float> widen(const void *p, Dtype d, std::size_t bytes) const {
+        std::vector<float> out(n_kv_heads * slots * head_dim);
+        dequantize(d, span<const std::uint8_t>(static_cast<const std::uint8_t *>(p), bytes), out);
+        return out;
+    }
+};
+
 namespace detail {
+// Calls `f(buf, cap, &len)` of the size-query convention: a first call with no
+// buffer for the size, then one into a vector of that size.
+template <class Fn>
+std::vector<std::uint8_t> fetch_bytes(Fn f) {
+    std::size_t n = 0;
+    okv_status s = f(nullptr, 0, &n);
+    std::vector<std::uint8_t> buf;
+    if (s == OKV_ERR_BUFFER_TOO_SMALL) {
+        buf.resize(n);
+        s = f(buf.data(), buf.size(), &n);
+    }
+    check(s);
+    buf.resize(n);
+    return buf;
+}
+
 // The C functions of one cache kind, named by its prefix (okv_seq_cache, ...):
 // the four kinds share their verbs' names, so each table is written once.
 #define OKV_DETAIL_FN(P, verb) static constexpr auto verb = &P##_##verb;
@@ -151,6 +247,8 @@ namespace detail {
     OKV_DETAIL_FN(P, dense_mask)
 #define OKV_DETAIL_POOL_FNS(P)                   \
     OKV_DETAIL_FN(P, update)                     \
+    OKV_DETAIL_FN(P, update_f16)                 \
+    OKV_DETAIL_FN(P, update_bf16)                \
     OKV_DETAIL_FN(P, attend)                     \
     OKV_DETAIL_FN(P, pool)                       \
     OKV_DETAIL_FN(P, nbytes)
@@ -304,14 +402,21 @@ public:
     void update(std::size_t layer, span<const float> k, span<const float> v) {
         check(F::update(this->h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
     }
+    // The same with rows as IEEE half bits, or as bfloat16 bits.
+    void update_f16(std::size_t layer, span<const std::uint16_t> k, span<const std::uint16_t> v) {
+        check(F::update_f16(this->h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
+    }
+    void update_bf16(std::size_t layer, span<const std::uint16_t> k, span<const std::uint16_t> v) {
+        check(F::update_bf16(this->h_.get(), layer, k.data(), k.size(), v.data(), v.size()));
+    }
     // Attention of the open step at `layer` into `out` (same shape as q).
     void attend(std::size_t layer, span<const float> q, std::size_t n_q_heads, span<float> out,
                 const okv_attend_options *options = nullptr) const {
         check(F::attend(this->h_.get(), layer, q.data(), q.size(), n_q_heads, out.data(), out.size(), options));
     }
     // Layer `layer`'s pools; valid until the next mutating call.
-    okv_pool_view pool(std::size_t layer) const {
-        okv_pool_view p{};
+    PoolView pool(std::size_t layer) const {
+        PoolView p{};
         check(F::pool(this->h_.get(), layer, &p));
         return p;
     }
@@ -329,6 +434,17 @@ public:
 class KvSequenceCache : public detail::WithPools<detail::BasicSequenceCache<detail::KvSeqFns>> {
 public:
     using WithPools::WithPools;
+    // A snapshot of positions [0, upto) (OKV_NONE: the length) that load()
+    // restores into an empty cache of the same layout and dtypes.
+    std::vector<std::uint8_t> save(std::size_t upto = OKV_NONE) const { return save_range(OKV_NONE, upto); }
+    // A range [start, upto) that continues a cache of length `start` (a prefix chunk).
+    std::vector<std::uint8_t> save_range(std::size_t start, std::size_t upto = OKV_NONE) const {
+        return detail::fetch_bytes([&](std::uint8_t *buf, std::size_t cap, std::size_t *n) {
+            return okv_kv_seq_cache_save_state(h_.get(), start, upto, buf, cap, n);
+        });
+    }
+    // Restores a snapshot, all or nothing (okv::Error OKV_ERR_SNAPSHOT).
+    void load(span<const std::uint8_t> data) { check(okv_kv_seq_cache_load_state(h_.get(), data.data(), data.size())); }
 };
 
 // Many sequences' bookkeeping (no bytes).
@@ -341,6 +457,18 @@ public:
 class KvCellCache : public detail::WithPools<detail::BasicCellCache<detail::KvCellFns>> {
 public:
     using WithPools::WithPools;
+    // A snapshot of `seq`'s positions below `upto` (OKV_NONE: all).
+    std::vector<std::uint8_t> save_seq(std::uint64_t seq, std::size_t upto = OKV_NONE) const {
+        return detail::fetch_bytes([&](std::uint8_t *buf, std::size_t cap, std::size_t *n) {
+            return okv_kv_cell_cache_save_seq(h_.get(), seq, upto, buf, cap, n);
+        });
+    }
+    // Restores a save_seq snapshot as a new sequence; returns its id.
+    std::uint64_t load_seq(span<const std::uint8_t> data) {
+        std::uint64_t id = 0;
+        check(okv_kv_cell_cache_load_seq(h_.get(), data.data(), data.size(), &id));
+        return id;
+    }
 };
 
 // The process-global registry of live handles (it borrows, never owns).

@@ -84,6 +84,8 @@ pub(crate) unsafe fn build<H: Opaque>(
 /// configs yet (set them with `okv_config_set_layers`), `max_step` 1 and
 /// `initial_capacity` min(capacity, 16). Nothing is validated until a cache is
 /// built (or `okv_config_validate`).
+///
+/// Statuses: only the common ones (`OKV_ERR_NULL_POINTER` for a NULL `out_cfg`).
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_new(
     capacity: usize,
@@ -98,6 +100,8 @@ pub unsafe extern "C" fn okv_config_new(
 }
 
 /// Frees a config. NULL is a no-op.
+///
+/// Statuses: `OKV_ERR_BAD_HANDLE` for a pointer that is not a live config (nothing freed).
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_free(cfg: *mut okv_config) -> okv_status {
     guard(|| unsafe { release(cfg, "okv_config_free") })
@@ -105,6 +109,11 @@ pub unsafe extern "C" fn okv_config_free(cfg: *mut okv_config) -> okv_status {
 
 /// Sets the layer configs: `n` is 1 (every layer alike) or the config's
 /// `n_layers`. Refused (nothing changes) for another count or an unknown policy.
+///
+/// Statuses: `OKV_ERR_INVALID_CONFIG` for a count other than 1 or
+/// `n_layers`, or an unknown policy (the message names `layers[i].policy`);
+/// `OKV_ERR_NULL_POINTER` for NULL `layers` with `n` > 0. Ranges (heads,
+/// head_dim, window) are checked by `okv_config_validate` and the constructors.
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_set_layers(
     cfg: *mut okv_config,
@@ -135,6 +144,9 @@ pub unsafe extern "C" fn okv_config_set_layers(
 }
 
 /// Sets the most tokens one step may carry (checked when a cache is built).
+///
+/// Statuses: only the common ones; `max_step` 0 or above the capacity is
+/// `OKV_ERR_INVALID_CONFIG` from `okv_config_validate` and every constructor.
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_set_max_step(
     cfg: *mut okv_config,
@@ -147,6 +159,9 @@ pub unsafe extern "C" fn okv_config_set_max_step(
 }
 
 /// Sets the slots a pool starts with (checked when a cache is built).
+///
+/// Statuses: only the common ones; 0 is `OKV_ERR_INVALID_CONFIG` from
+/// `okv_config_validate` and every constructor (a value above a layer's depth is clamped).
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_set_initial_capacity(
     cfg: *mut okv_config,
@@ -160,6 +175,12 @@ pub unsafe extern "C" fn okv_config_set_initial_capacity(
 }
 
 /// `OKV_OK` when the config is valid, else `OKV_ERR_INVALID_CONFIG` naming the field.
+///
+/// Statuses: `OKV_ERR_INVALID_CONFIG` naming the first bad field: capacity 0
+/// or above 2^31, n_layers 0 or above 65536, a layer count other than 1 or
+/// n_layers, `max_step` 0 or above the capacity, `initial_capacity` 0, heads or
+/// head_dim 0 or out of range, a ring window of 0, a q8_0 dtype with a head_dim
+/// that is not a multiple of 32.
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_validate(cfg: *const okv_config) -> okv_status {
     guard(|| {
@@ -170,6 +191,9 @@ pub unsafe extern "C" fn okv_config_validate(cfg: *const okv_config) -> okv_stat
 
 /// The pool depth (slots) of layer `layer`: capacity for a flat layer,
 /// min(window + max_step - 1, capacity) for a ring layer.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range;
+/// `OKV_ERR_INVALID_CONFIG` for a config with no layer configs yet.
 #[no_mangle]
 pub unsafe extern "C" fn okv_config_depth(
     cfg: *const okv_config,

@@ -38,21 +38,27 @@
 mod attend;
 mod cell;
 mod config;
+mod dtype;
+mod half_rows;
 mod handle;
 mod ids;
 mod pools;
 mod ptr;
 mod registry;
 mod sequence;
+mod snapshot;
 mod status;
 mod window;
 
 pub use attend::*;
 pub use cell::*;
 pub use config::*;
+pub use dtype::*;
+pub use half_rows::*;
 pub use handle::okv_handle_kind;
 pub use pools::okv_pool_view;
 pub use registry::*;
 pub use sequence::*;
+pub use snapshot::*;
 pub use status::*;
 pub use window::*;

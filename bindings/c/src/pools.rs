@@ -1,38 +1,55 @@
 //! What the two pool-owning caches (`okv_kv_seq_cache`, `okv_kv_cell_cache`)
-//! share: their pool views, `_update`, `_attend` and `_nbytes`, written once
-//! over [`PoolFace`].
+//! share: their pool views, `_update` (float32, float16 and bfloat16 rows),
+//! `_attend` and `_nbytes`, written once over [`PoolFace`].
 
 use offgraph_kv::kv::Pool;
-use offgraph_kv::{AttendSpec, KvCellCache, KvSequenceCache};
+use offgraph_kv::{AttendSpec, KvCellCache, KvSequenceCache, RowsIn};
 
 use crate::attend::{self, AttendArgs};
 use crate::handle::{lock, query, Opaque};
 use crate::ptr::{overlaps, slice, span, span_of};
 use crate::status::{fail, okv_status, R};
 
-/// One layer's K and V pools, `[n_kv_heads, slots, head_dim]` float32
-/// row-major. Valid until the next mutating call on the cache (`_update` may
+/// One layer's K and V pools: `[n_kv_heads, slots]` rows of `k_row_bytes`
+/// (`v_row_bytes`) bytes each, row-major, stored in `k_dtype` (`v_dtype`):
+/// head h's row s starts at byte `(h * slots + s) * row_bytes`. A float32
+/// row is `head_dim` floats, a float16/bfloat16 row `head_dim` `uint16_t`
+/// bits, a q8_0 row `head_dim / 32` GGML blocks (`okv_dequantize` widens any
+/// of them). Valid until the next mutating call on the cache (`_update` may
 /// grow the pools into new memory; `_free` releases them).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct okv_pool_view {
-    pub k: *const f32,
-    pub v: *const f32,
+    /// The K rows (64-byte aligned).
+    pub k: *const std::ffi::c_void,
+    /// The V rows (64-byte aligned).
+    pub v: *const std::ffi::c_void,
     pub n_kv_heads: usize,
     /// The row stride, in rows.
     pub slots: usize,
     pub head_dim: usize,
+    /// The `OKV_DTYPE_*` of the K rows.
+    pub k_dtype: u32,
+    /// The `OKV_DTYPE_*` of the V rows.
+    pub v_dtype: u32,
+    /// Bytes one K row takes.
+    pub k_row_bytes: usize,
+    /// Bytes one V row takes.
+    pub v_row_bytes: usize,
 }
 
 fn pool_to_c(p: &Pool) -> okv_pool_view {
+    use offgraph_kv::kv::Side;
     okv_pool_view {
-        // Configs built through C are float32 (pool dtypes are not exposed to
-        // C yet), so the rows are f32 and 64-byte aligned.
-        k: p.k().bytes.as_ptr().cast::<f32>(),
-        v: p.v().bytes.as_ptr().cast::<f32>(),
+        k: p.k().bytes.as_ptr().cast(),
+        v: p.v().bytes.as_ptr().cast(),
         n_kv_heads: p.n_heads(),
         slots: p.slots(),
         head_dim: p.head_dim(),
+        k_dtype: crate::dtype::dtype_to_c(p.k_dtype()),
+        v_dtype: crate::dtype::dtype_to_c(p.v_dtype()),
+        k_row_bytes: p.row_bytes(Side::K),
+        v_row_bytes: p.row_bytes(Side::V),
     }
 }
 
@@ -52,7 +69,7 @@ fn check_rows_apart(pool: &Pool, k: (usize, usize), v: (usize, usize), what: &st
 /// The byte faces both pool-owning caches have.
 pub(crate) trait PoolFace {
     fn pool(&self, layer: usize) -> offgraph_kv::Result<&Pool>;
-    fn update(&mut self, layer: usize, k: &[f32], v: &[f32]) -> offgraph_kv::Result<()>;
+    fn update(&mut self, layer: usize, k: RowsIn<'_>, v: RowsIn<'_>) -> offgraph_kv::Result<()>;
     fn spec(&self, layer: usize) -> offgraph_kv::Result<AttendSpec<'_>>;
     fn nbytes_total(&self) -> usize;
 }
@@ -64,8 +81,13 @@ macro_rules! pool_face {
             fn pool(&self, layer: usize) -> offgraph_kv::Result<&Pool> {
                 <$cache>::pool(self, layer)
             }
-            fn update(&mut self, layer: usize, k: &[f32], v: &[f32]) -> offgraph_kv::Result<()> {
-                <$cache>::update(self, layer, k, v).map(|_| ())
+            fn update(
+                &mut self,
+                layer: usize,
+                k: RowsIn<'_>,
+                v: RowsIn<'_>,
+            ) -> offgraph_kv::Result<()> {
+                <$cache>::update_rows(self, layer, k, v).map(|_| ())
             }
             fn spec(&self, layer: usize) -> offgraph_kv::Result<AttendSpec<'_>> {
                 <$cache>::spec(self, layer)
@@ -79,8 +101,27 @@ macro_rules! pool_face {
 pool_face!(KvSequenceCache);
 pool_face!(KvCellCache);
 
-/// `_update`: the open step's rows of `layer`, refused whole when they
-/// overlap the pools or have the wrong length.
+/// IEEE half bits (`_update_f16`).
+pub(crate) struct F16Bits;
+/// bfloat16 bits (`_update_bf16`).
+pub(crate) struct Bf16Bits;
+/// `_update` rows of u16 bits, read as half (`F16Bits`) or bfloat16 (`Bf16Bits`).
+pub(crate) trait BitsKind {
+    fn rows(s: &[u16]) -> RowsIn<'_>;
+}
+impl BitsKind for F16Bits {
+    fn rows(s: &[u16]) -> RowsIn<'_> {
+        RowsIn::F16(s)
+    }
+}
+impl BitsKind for Bf16Bits {
+    fn rows(s: &[u16]) -> RowsIn<'_> {
+        RowsIn::Bf16(s)
+    }
+}
+
+/// `_update`: the open step's rows of `layer` (float32), refused whole when
+/// they overlap the pools or have the wrong length.
 pub(crate) unsafe fn update<H: Opaque>(
     h: *const H,
     layer: usize,
@@ -91,13 +132,41 @@ pub(crate) unsafe fn update<H: Opaque>(
 where
     H::Inner: PoolFace,
 {
+    unsafe { update_with(h, layer, (k, k_len), (v, v_len), what, |s| RowsIn::F32(s)) }
+}
+
+/// `_update_f16` / `_update_bf16`: the same with rows as `uint16_t` bits.
+pub(crate) unsafe fn update_bits<H: Opaque, B: BitsKind>(
+    h: *const H,
+    layer: usize,
+    (k, k_len): (*const u16, usize),
+    (v, v_len): (*const u16, usize),
+    what: &str,
+) -> R<()>
+where
+    H::Inner: PoolFace,
+{
+    unsafe { update_with(h, layer, (k, k_len), (v, v_len), what, B::rows) }
+}
+
+unsafe fn update_with<H: Opaque, T>(
+    h: *const H,
+    layer: usize,
+    (k, k_len): (*const T, usize),
+    (v, v_len): (*const T, usize),
+    what: &str,
+    rows: fn(&[T]) -> RowsIn<'_>,
+) -> R<()>
+where
+    H::Inner: PoolFace,
+{
     let mut c = unsafe { lock(h, what) }?;
     if let Ok(pool) = c.pool(layer) {
         check_rows_apart(pool, span(k, k_len), span(v, v_len), what)?;
     }
     let k = unsafe { slice(k, k_len, "k") }.map_err(|f| f.within(what))?;
     let v = unsafe { slice(v, v_len, "v") }.map_err(|f| f.within(what))?;
-    c.update(layer, k, v)?;
+    c.update(layer, rows(k), rows(v))?;
     Ok(())
 }
 

@@ -30,6 +30,10 @@ fn found(out_found: *mut bool, what: &str, ask: impl FnOnce() -> R<bool>) -> R<(
 
 /// Stores the live handle `handle` (any okv handle type) under `key`.
 /// A taken key (`OKV_ERR_KEY_EXISTS`) or an empty one is refused.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for an empty key or one that is not
+/// UTF-8; `OKV_ERR_KEY_EXISTS` for a taken key; `OKV_ERR_BAD_HANDLE` when
+/// `handle` is not a live okv handle; `OKV_ERR_NULL_POINTER` for a NULL key or handle.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_install(
     key: *const c_char,
@@ -57,6 +61,9 @@ pub unsafe extern "C" fn okv_registry_install(
 }
 
 /// The handle under `key` (borrowed: the registry does not own it) and its kind.
+///
+/// Statuses: `OKV_ERR_NOT_FOUND` when no handle is installed under `key`;
+/// `OKV_ERR_INVALID_ARGUMENT` for a key that is not UTF-8.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_get(
     key: *const c_char,
@@ -77,6 +84,8 @@ pub unsafe extern "C" fn okv_registry_get(
 }
 
 /// Removes `key` (the handle itself is untouched). `OKV_ERR_NOT_FOUND` if absent.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a key that is not UTF-8.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_erase(key: *const c_char) -> okv_status {
     guard(|| {
@@ -87,6 +96,8 @@ pub unsafe extern "C" fn okv_registry_erase(key: *const c_char) -> okv_status {
 }
 
 /// Whether `key` is installed.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a key that is not UTF-8.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_contains(
     key: *const c_char,
@@ -103,6 +114,9 @@ pub unsafe extern "C" fn okv_registry_contains(
 /// written NUL-terminated into `buf` (room for `cap` bytes); `*out_len` gets
 /// its length without the NUL. With too small a buffer:
 /// `OKV_ERR_BUFFER_TOO_SMALL`, `*out_len` the length needed, `buf` untouched.
+///
+/// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` as above; `OKV_ERR_INVALID_ARGUMENT`
+/// for a prefix that is not UTF-8.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_unique_key(
     prefix: *const c_char,
@@ -189,6 +203,9 @@ fn call_builder(
 /// Registers (or replaces) the builder for (`backend_id`, `kind`).
 /// `user_data` is passed back to every call and must stay valid as long as
 /// the builder is registered (for the process's life, unless replaced).
+///
+/// Statuses: `OKV_ERR_NULL_POINTER` for a NULL `build`, backend_id or kind;
+/// `OKV_ERR_INVALID_ARGUMENT` for names that are not UTF-8.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_register_builder(
     backend_id: *const c_char,
@@ -214,6 +231,8 @@ pub unsafe extern "C" fn okv_registry_register_builder(
 }
 
 /// Whether a builder is registered for (`backend_id`, `kind`).
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for names that are not UTF-8.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_has_builder(
     backend_id: *const c_char,
@@ -233,6 +252,8 @@ pub unsafe extern "C" fn okv_registry_has_builder(
 /// the new handle (owned by the caller, not installed) and its kind.
 /// `OKV_ERR_NOT_FOUND` without such a builder; `OKV_ERR_BACKEND` when the
 /// callback fails; `OKV_ERR_INVALID_ARGUMENT` when it returns no live handle.
+///
+/// Statuses: those above, and `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation.
 #[no_mangle]
 pub unsafe extern "C" fn okv_registry_build(
     backend_id: *const c_char,

@@ -194,6 +194,9 @@ unsafe fn plan<H: SeqHandle>(h: *const H, layer: usize, o: *mut okv_seq_plan, wh
 // okv_seq_cache
 
 /// A sequence cache (bookkeeping only) for `cfg` (validated; copied).
+///
+/// Statuses: `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation (see
+/// `okv_config_validate`; `*out_cache` is not written).
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_new(
     cfg: *const okv_config,
@@ -203,12 +206,17 @@ pub unsafe extern "C" fn okv_seq_cache_new(
 }
 
 /// Frees the cache. NULL is a no-op.
+///
+/// Statuses: `OKV_ERR_BAD_HANDLE` (nothing freed), `OKV_ERR_BUSY` while another
+/// thread is inside a call on it.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_free(cache: *mut okv_seq_cache) -> okv_status {
     guard(|| unsafe { release(cache, "okv_seq_cache_free") })
 }
 
 /// Tokens committed so far.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_length(
     cache: *const okv_seq_cache,
@@ -218,6 +226,8 @@ pub unsafe extern "C" fn okv_seq_cache_length(
 }
 
 /// Most tokens the sequence may hold.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_capacity(
     cache: *const okv_seq_cache,
@@ -227,6 +237,8 @@ pub unsafe extern "C" fn okv_seq_cache_capacity(
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_min_rewind(
     cache: *const okv_seq_cache,
@@ -236,6 +248,8 @@ pub unsafe extern "C" fn okv_seq_cache_min_rewind(
 }
 
 /// Whether `n` more tokens fit.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_can_extend(
     cache: *const okv_seq_cache,
@@ -248,6 +262,10 @@ pub unsafe extern "C" fn okv_seq_cache_can_extend(
 /// The admission gate: checks 1 <= n_tokens <= max_step and room, commits
 /// the step (length grows by n_tokens) and writes its first position. A
 /// refused call changes nothing and leaves the previous step open.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for `n_tokens` 0 or above the
+/// config's `max_step`; `OKV_ERR_OUT_OF_CAPACITY` when length + n_tokens
+/// exceeds the capacity. `*out_position` is written on success only.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_begin_step(
     cache: *mut okv_seq_cache,
@@ -259,6 +277,9 @@ pub unsafe extern "C" fn okv_seq_cache_begin_step(
 
 /// Drops the tokens from `new_len` on and closes the step. Refused above the
 /// length or below `min_rewind`.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for `new_len` above the length or below
+/// `min_rewind` (the message says which bound).
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_rewind(
     cache: *mut okv_seq_cache,
@@ -268,12 +289,18 @@ pub unsafe extern "C" fn okv_seq_cache_rewind(
 }
 
 /// Forgets everything and closes the step.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_clear(cache: *mut okv_seq_cache) -> okv_status {
     guard(|| unsafe { clear(cache, "okv_seq_cache_clear") })
 }
 
 /// The open step's plan for `layer` (`OKV_ERR_STEP_PROTOCOL` with no open step).
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range (checked
+/// first); `OKV_ERR_STEP_PROTOCOL` with no open step (before the first
+/// `begin_step`, after `rewind` or `clear`).
 #[no_mangle]
 pub unsafe extern "C" fn okv_seq_cache_plan(
     cache: *const okv_seq_cache,
@@ -287,6 +314,10 @@ pub unsafe extern "C" fn okv_seq_cache_plan(
 // okv_kv_seq_cache
 
 /// A sequence cache with K/V pools for `cfg` (validated; copied).
+///
+/// Statuses: `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation (unknown
+/// dtypes cannot reach it: `okv_config_set_dtypes` refuses them);
+/// `OKV_ERR_OUT_OF_CAPACITY` when the first pools cannot be allocated.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_new(
     cfg: *const okv_config,
@@ -296,12 +327,16 @@ pub unsafe extern "C" fn okv_kv_seq_cache_new(
 }
 
 /// Frees the cache and its pools. NULL is a no-op.
+///
+/// Statuses: as `okv_seq_cache_free`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_free(cache: *mut okv_kv_seq_cache) -> okv_status {
     guard(|| unsafe { release(cache, "okv_kv_seq_cache_free") })
 }
 
 /// Tokens committed so far.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_length(
     cache: *const okv_kv_seq_cache,
@@ -311,6 +346,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_length(
 }
 
 /// Most tokens the sequence may hold.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_capacity(
     cache: *const okv_kv_seq_cache,
@@ -320,6 +357,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_capacity(
 }
 
 /// The lowest length `rewind` accepts now (ring layers bound it).
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_min_rewind(
     cache: *const okv_kv_seq_cache,
@@ -329,6 +368,9 @@ pub unsafe extern "C" fn okv_kv_seq_cache_min_rewind(
 }
 
 /// Bytes all pools hold.
+///
+/// Statuses: only the common ones. The count is the real stored bytes:
+/// 2 per value for float16/bfloat16 pools, 34 per 32 values for q8_0.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_nbytes(
     cache: *const okv_kv_seq_cache,
@@ -338,6 +380,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_nbytes(
 }
 
 /// Whether `n` more tokens fit.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_can_extend(
     cache: *const okv_kv_seq_cache,
@@ -348,6 +392,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_can_extend(
 }
 
 /// The admission gate (see `okv_seq_cache_begin_step`).
+///
+/// Statuses: as `okv_seq_cache_begin_step`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_begin_step(
     cache: *mut okv_kv_seq_cache,
@@ -358,6 +404,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_begin_step(
 }
 
 /// Drops the tokens from `new_len` on and closes the step (see `okv_seq_cache_rewind`).
+///
+/// Statuses: as `okv_seq_cache_rewind`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_rewind(
     cache: *mut okv_kv_seq_cache,
@@ -367,12 +415,16 @@ pub unsafe extern "C" fn okv_kv_seq_cache_rewind(
 }
 
 /// Forgets every token (pool memory is kept) and closes the step.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_clear(cache: *mut okv_kv_seq_cache) -> okv_status {
     guard(|| unsafe { clear(cache, "okv_kv_seq_cache_clear") })
 }
 
 /// The open step's plan for `layer`.
+///
+/// Statuses: as `okv_seq_cache_plan`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_plan(
     cache: *const okv_kv_seq_cache,
@@ -385,6 +437,12 @@ pub unsafe extern "C" fn okv_kv_seq_cache_plan(
 /// Writes the open step's rows of `layer`: `k` and `v` hold
 /// `[n_kv_heads, n_tokens, head_dim]` floats each (`k_len`, `v_len` elements),
 /// not overlapping the pools. Refused calls write nothing.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range, or `k`/`v`
+/// overlapping the pools or misaligned; `OKV_ERR_STEP_PROTOCOL` with no open
+/// step; `OKV_ERR_SHAPE` for a wrong element count (the message gives the
+/// expected `[n_kv_heads, n_tokens, head_dim]`); `OKV_ERR_NULL_POINTER` for NULL
+/// rows with a nonzero length; `OKV_ERR_OUT_OF_CAPACITY` when a pool cannot grow.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_update(
     cache: *mut okv_kv_seq_cache,
@@ -409,6 +467,18 @@ pub unsafe extern "C" fn okv_kv_seq_cache_update(
 /// `[n_q_heads, n_tokens, head_dim]` floats (`q_len`, `out_len` elements);
 /// `n_q_heads` a multiple of the layer's KV heads. Call after `_update` of
 /// this layer. `out` is untouched on refusal.
+///
+/// Grouped-query attention: query head h reads KV head h / (n_q_heads /
+/// n_kv_heads).
+///
+/// Statuses: `OKV_ERR_SHAPE` when `n_q_heads` is not a nonzero multiple of the
+/// layer's `n_kv_heads` (a GQA mismatch) or `q_len`/`out_len` are not
+/// `n_q_heads * n_tokens * head_dim`; `OKV_ERR_INVALID_ARGUMENT` for a layer out
+/// of range, `out` overlapping `q` or the pools, a non-finite scale or an
+/// unknown backend; `OKV_ERR_STEP_PROTOCOL` with no open step;
+/// `OKV_ERR_BACKEND` when the backend asked for cannot serve (XNNPACK not
+/// built, or a pool dtype it does not read); `OKV_ERR_NULL_POINTER` for NULL
+/// `q` or `out` with a nonzero length.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_attend(
     cache: *const okv_kv_seq_cache,
@@ -427,6 +497,8 @@ pub unsafe extern "C" fn okv_kv_seq_cache_attend(
 }
 
 /// Layer `layer`'s pools (see `okv_pool_view` for how long they stay valid).
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_pool(
     cache: *const okv_kv_seq_cache,

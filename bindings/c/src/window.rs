@@ -10,6 +10,13 @@ use crate::status::{fail, guard, okv_status};
 /// growing by `new_tokens` positions one step at a time, with no cell ever
 /// refused. `cfg` is validated first (`OKV_ERR_INVALID_CONFIG`); a workload
 /// whose count does not fit in `size_t` is `OKV_ERR_INVALID_ARGUMENT`.
+///
+/// `n_seqs` counts every sequence that grows, the original included when it
+/// decodes too (the prefix's cells are counted once, shared by all); a
+/// source sequence that stops growing at the fork needs no cell beyond the
+/// prefix, so leave it out of `n_seqs`.
+///
+/// Statuses: those above.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cells_for_forks(
     cfg: *const okv_config,

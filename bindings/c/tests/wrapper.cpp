@@ -21,6 +21,49 @@ static okv_status status_of(F &&f) {
     }
 }
 
+// Float16 pools written with float16 bits, typed views, and snapshots as
+// std::vector<uint8_t> (a cell cache's too).
+static void test_dtypes_and_snapshots() {
+    okv::Config cfg(16, 1);
+    cfg.layer(okv::flat(2, 32)).max_step(2).dtype(okv::Dtype::f16);
+    EXPECT(cfg.dtypes().first == okv::Dtype::f16 && cfg.dtypes().second == okv::Dtype::f16);
+    EXPECT(okv::dtype_from_name("q8_0") == okv::Dtype::q8_0 && okv::dtype_name(okv::Dtype::bf16) == "bfloat16");
+    EXPECT_STATUS(status_of([&] { cfg.dtypes(okv::Dtype::f16, static_cast<okv::Dtype>(17)); }), OKV_ERR_INVALID_CONFIG);
+    okv::KvSequenceCache kv(cfg);
+    kv.begin_step(2);
+    std::vector<std::uint16_t> k(2 * 2 * 32, 0x3c00), v(2 * 2 * 32, 0xbc00);  // 1.0 and -1.0
+    kv.update_f16(0, k, v);
+    okv::PoolView p = kv.pool(0);
+    EXPECT(p.k_type() == okv::Dtype::f16 && p.k_row_bytes == 64);
+    okv::span<const std::uint16_t> bits = p.k_rows<std::uint16_t>();
+    EXPECT(bits.size() == 2 * p.slots * 32 && bits[0] == 0x3c00 && bits[32] == 0x3c00);
+    EXPECT_STATUS(status_of([&] { p.k_rows<float>(); }), OKV_ERR_INVALID_ARGUMENT);
+    std::vector<float> vf = p.v_float();
+    EXPECT(vf.size() == 2 * p.slots * 32 && vf[0] == -1.0f && vf[33] == -1.0f);
+    EXPECT(kv.nbytes() == 2 * 2 * p.slots * 64);
+    std::vector<std::uint8_t> snap = kv.save();
+    okv::KvSequenceCache back(cfg);
+    back.load(snap);
+    EXPECT(back.length() == 2 && back.save() == snap);
+    EXPECT(kv.save_range(0, 1) != snap);
+    std::vector<std::uint8_t> cut(snap.begin(), snap.end() - 1);
+    okv::KvSequenceCache other(cfg);
+    EXPECT_STATUS(status_of([&] { other.load(cut); }), OKV_ERR_SNAPSHOT);
+    EXPECT(other.length() == 0);
+
+    okv::KvCellCache kc(cfg, 8, 2);
+    std::uint64_t s = kc.seq_new();
+    std::vector<std::uint64_t> ids{s, s};
+    std::vector<std::size_t> pos{0, 1};
+    kc.begin_step(ids, pos);
+    kc.update_bf16(0, k, v);
+    std::vector<std::uint8_t> blob = kc.save_seq(s);
+    std::uint64_t t = kc.load_seq(blob);
+    EXPECT(t != s && kc.seq_len(t) == 2 && kc.save_seq(t) == blob && kc.free_cells() == 4);
+    EXPECT_STATUS(status_of([&] { kc.load_seq(snap); }), OKV_ERR_SNAPSHOT);
+    EXPECT(kc.free_cells() == 4);
+}
+
 int main() {
     static_assert(!std::is_copy_constructible<okv::KvCellCache>::value, "handles are owned, not copied");
     static_assert(std::is_move_constructible<okv::KvCellCache>::value, "handles move");
@@ -107,5 +150,6 @@ int main() {
     EXPECT(built.first == OKV_HANDLE_KV_CELL_CACHE);
     EXPECT_OK(okv_kv_cell_cache_free(static_cast<okv_kv_cell_cache *>(built.second)));
     EXPECT_STATUS(status_of([&] { okv::registry::build("cpp-test", "other", cfg); }), OKV_ERR_NOT_FOUND);
+    test_dtypes_and_snapshots();
     return CHECK_SUMMARY("wrapper");
 }

@@ -10,6 +10,10 @@ use crate::status::{guard, okv_status};
 
 /// A cell cache (bookkeeping only) of `n_cells` cells per table and at most
 /// `n_seq_max` live sequences, for `cfg` (validated; copied).
+///
+/// Statuses: `OKV_ERR_INVALID_CONFIG` when `cfg` fails validation;
+/// `OKV_ERR_INVALID_ARGUMENT` when `n_cells` or `n_seq_max` is 0 or out of
+/// range (`*out_cache` is not written).
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_new(
     cfg: *const okv_config,
@@ -25,12 +29,16 @@ pub unsafe extern "C" fn okv_cell_cache_new(
 }
 
 /// Frees the cache. NULL is a no-op.
+///
+/// Statuses: as `okv_seq_cache_free`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_free(cache: *mut okv_cell_cache) -> okv_status {
     guard(|| unsafe { release(cache, "okv_cell_cache_free") })
 }
 
 /// A new empty sequence; its id is never handed out again in this process.
+///
+/// Statuses: `OKV_ERR_OUT_OF_CAPACITY` when `n_seq_max` sequences are live.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_seq_new(
     cache: *mut okv_cell_cache,
@@ -41,6 +49,11 @@ pub unsafe extern "C" fn okv_cell_cache_seq_new(
 
 /// A new sequence owning `src`'s cells with position < `upto` (`OKV_NONE`:
 /// all); no K/V is copied. Closes the open step.
+///
+/// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `src` is not live in this cache;
+/// `OKV_ERR_OUT_OF_CAPACITY` when `n_seq_max` sequences are live;
+/// `OKV_ERR_INVALID_ARGUMENT` when the clone's next step would need a ring
+/// position the ring table already dropped.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_seq_clone(
     cache: *mut okv_cell_cache,
@@ -53,6 +66,10 @@ pub unsafe extern "C" fn okv_cell_cache_seq_clone(
 
 /// Drops `seq`'s positions in [p0, p1) (`p1` = `OKV_NONE`: to the end).
 /// Closes the open step.
+///
+/// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live;
+/// `OKV_ERR_INVALID_ARGUMENT` for `p1` below `p0`, or a removal that would leave
+/// the sequence's next step without ring keys it needs.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_seq_rm(
     cache: *mut okv_cell_cache,
@@ -64,6 +81,8 @@ pub unsafe extern "C" fn okv_cell_cache_seq_rm(
 }
 
 /// Frees `seq` (its id is refused from now on). Closes the open step.
+///
+/// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_seq_free(
     cache: *mut okv_cell_cache,
@@ -73,6 +92,8 @@ pub unsafe extern "C" fn okv_cell_cache_seq_free(
 }
 
 /// The position `seq`'s next token takes (one past its highest held position).
+///
+/// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_next_pos(
     cache: *const okv_cell_cache,
@@ -83,6 +104,8 @@ pub unsafe extern "C" fn okv_cell_cache_next_pos(
 }
 
 /// Positions `seq` holds.
+///
+/// Statuses: `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_seq_len(
     cache: *const okv_cell_cache,
@@ -93,6 +116,8 @@ pub unsafe extern "C" fn okv_cell_cache_seq_len(
 }
 
 /// Free cells of the tightest table.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_free_cells(
     cache: *const okv_cell_cache,
@@ -102,6 +127,8 @@ pub unsafe extern "C" fn okv_cell_cache_free_cells(
 }
 
 /// Cells per table.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_capacity(
     cache: *const okv_cell_cache,
@@ -111,6 +138,8 @@ pub unsafe extern "C" fn okv_cell_cache_capacity(
 }
 
 /// Whether `n` more tokens fit in the free cells (conservative for ring tables).
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_can_extend(
     cache: *const okv_cell_cache,
@@ -121,6 +150,8 @@ pub unsafe extern "C" fn okv_cell_cache_can_extend(
 }
 
 /// Frees every sequence and cell; closes the open step.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_clear(cache: *mut okv_cell_cache) -> okv_status {
     guard(|| unsafe { verbs::clear(cache, "okv_cell_cache_clear") })
@@ -128,6 +159,17 @@ pub unsafe extern "C" fn okv_cell_cache_clear(cache: *mut okv_cell_cache) -> okv
 
 /// The admission gate and placement: token i of the step belongs to
 /// `seq_ids[i]` at `positions[i]` (`n_tokens` entries each). All or nothing.
+///
+/// The config's `max_step` bounds the step's tokens of all sequences
+/// together (`n_tokens`), not each sequence's.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for `n_tokens` 0 or above `max_step`,
+/// a position of `SIZE_MAX`, or a sequence's positions not strictly increasing
+/// within the step; `OKV_ERR_UNKNOWN_SEQUENCE` for an id that is not live in
+/// this cache; `OKV_ERR_STEP_PROTOCOL` when a token would rewrite a position its
+/// sequence holds (a step only extends); `OKV_ERR_OUT_OF_CAPACITY` when the free
+/// cells do not suffice; `OKV_ERR_NULL_POINTER` for NULL arrays with
+/// `n_tokens` > 0.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_begin_step(
     cache: *mut okv_cell_cache,
@@ -147,6 +189,10 @@ pub unsafe extern "C" fn okv_cell_cache_begin_step(
 }
 
 /// The open step's plan for `layer` (pointers valid until the next mutating call).
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range;
+/// `OKV_ERR_STEP_PROTOCOL` with no open step (`seq_rm`, `seq_clone`,
+/// `seq_free` and `clear` close it).
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_plan(
     cache: *const okv_cell_cache,
@@ -159,6 +205,9 @@ pub unsafe extern "C" fn okv_cell_cache_plan(
 /// Token `token`'s visible cells at `layer` as sorted, disjoint runs, into
 /// `runs` (room for `cap`); `*out_n` gets the count. With too small a buffer:
 /// `OKV_ERR_BUFFER_TOO_SMALL`, `*out_n` the count needed, `runs` untouched.
+///
+/// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` as above; `OKV_ERR_INVALID_ARGUMENT`
+/// for a layer or token out of range; `OKV_ERR_STEP_PROTOCOL` with no open step.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_visible(
     cache: *const okv_cell_cache,
@@ -182,6 +231,9 @@ pub unsafe extern "C" fn okv_cell_cache_visible(
 
 /// The open step's dense mask at `layer`: `*out_rows` (tokens) x `*out_cols`
 /// (read_len) bytes, row-major, 1 = visible. Valid until the next mutating call.
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range;
+/// `OKV_ERR_STEP_PROTOCOL` with no open step.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_dense_mask(
     cache: *mut okv_cell_cache,

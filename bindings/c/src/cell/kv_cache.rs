@@ -12,6 +12,9 @@ use crate::sequence::okv_run;
 use crate::status::{guard, okv_status};
 
 /// A cell cache with K/V pools (`n_cells` rows deep) for `cfg` (validated; copied).
+///
+/// Statuses: as `okv_cell_cache_new`, and `OKV_ERR_OUT_OF_CAPACITY` when the
+/// first pools cannot be allocated.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_new(
     cfg: *const okv_config,
@@ -27,12 +30,16 @@ pub unsafe extern "C" fn okv_kv_cell_cache_new(
 }
 
 /// Frees the cache and its pools. NULL is a no-op.
+///
+/// Statuses: as `okv_seq_cache_free`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_free(cache: *mut okv_kv_cell_cache) -> okv_status {
     guard(|| unsafe { release(cache, "okv_kv_cell_cache_free") })
 }
 
 /// See `okv_cell_cache_seq_new`.
+///
+/// Statuses: as `okv_cell_cache_seq_new`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_seq_new(
     cache: *mut okv_kv_cell_cache,
@@ -42,6 +49,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_seq_new(
 }
 
 /// See `okv_cell_cache_seq_clone` (the clone shares the cells' K/V rows).
+///
+/// Statuses: as `okv_cell_cache_seq_clone`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_seq_clone(
     cache: *mut okv_kv_cell_cache,
@@ -53,6 +62,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_seq_clone(
 }
 
 /// See `okv_cell_cache_seq_rm`.
+///
+/// Statuses: as `okv_cell_cache_seq_rm`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_seq_rm(
     cache: *mut okv_kv_cell_cache,
@@ -64,6 +75,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_seq_rm(
 }
 
 /// See `okv_cell_cache_seq_free`.
+///
+/// Statuses: as `okv_cell_cache_seq_free`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_seq_free(
     cache: *mut okv_kv_cell_cache,
@@ -73,6 +86,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_seq_free(
 }
 
 /// See `okv_cell_cache_next_pos`.
+///
+/// Statuses: as `okv_cell_cache_next_pos`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_next_pos(
     cache: *const okv_kv_cell_cache,
@@ -83,6 +98,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_next_pos(
 }
 
 /// See `okv_cell_cache_seq_len`.
+///
+/// Statuses: as `okv_cell_cache_seq_len`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_seq_len(
     cache: *const okv_kv_cell_cache,
@@ -93,6 +110,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_seq_len(
 }
 
 /// See `okv_cell_cache_free_cells`.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_free_cells(
     cache: *const okv_kv_cell_cache,
@@ -102,6 +121,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_free_cells(
 }
 
 /// See `okv_cell_cache_capacity`.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_capacity(
     cache: *const okv_kv_cell_cache,
@@ -111,6 +132,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_capacity(
 }
 
 /// See `okv_cell_cache_can_extend`.
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_can_extend(
     cache: *const okv_kv_cell_cache,
@@ -121,12 +144,17 @@ pub unsafe extern "C" fn okv_kv_cell_cache_can_extend(
 }
 
 /// See `okv_cell_cache_clear` (pool memory is kept).
+///
+/// Statuses: only the common ones.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_clear(cache: *mut okv_kv_cell_cache) -> okv_status {
     guard(|| unsafe { verbs::clear(cache, "okv_kv_cell_cache_clear") })
 }
 
 /// See `okv_cell_cache_begin_step`.
+///
+/// Statuses: as `okv_cell_cache_begin_step` (`max_step` bounds all
+/// sequences' tokens together).
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_begin_step(
     cache: *mut okv_kv_cell_cache,
@@ -146,6 +174,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_begin_step(
 }
 
 /// See `okv_cell_cache_plan`.
+///
+/// Statuses: as `okv_cell_cache_plan`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_plan(
     cache: *const okv_kv_cell_cache,
@@ -156,6 +186,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_plan(
 }
 
 /// See `okv_cell_cache_visible`.
+///
+/// Statuses: as `okv_cell_cache_visible`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_visible(
     cache: *const okv_kv_cell_cache,
@@ -178,6 +210,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_visible(
 }
 
 /// See `okv_cell_cache_dense_mask`.
+///
+/// Statuses: as `okv_cell_cache_dense_mask`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_dense_mask(
     cache: *mut okv_kv_cell_cache,
@@ -195,6 +229,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_dense_mask(
 /// Writes the open step's rows of `layer` to the tokens' cells: `k` and `v`
 /// hold `[n_kv_heads, n_tokens, head_dim]` floats (`k_len`, `v_len`), not
 /// overlapping the pools. Refused calls write nothing.
+///
+/// Statuses: as `okv_kv_seq_cache_update`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_update(
     cache: *mut okv_kv_cell_cache,
@@ -217,6 +253,10 @@ pub unsafe extern "C" fn okv_kv_cell_cache_update(
 
 /// Attention of the open step at `layer` into `out` (see
 /// `okv_kv_seq_cache_attend`); each token sees exactly its sequence's cells.
+///
+/// Query head h reads KV head h / (n_q_heads / n_kv_heads).
+///
+/// Statuses: as `okv_kv_seq_cache_attend`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_attend(
     cache: *mut okv_kv_cell_cache,
@@ -235,6 +275,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_attend(
 }
 
 /// Layer `layer`'s pools (valid until the next mutating call on the cache).
+///
+/// Statuses: `OKV_ERR_INVALID_ARGUMENT` for a layer out of range.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_pool(
     cache: *const okv_kv_cell_cache,
@@ -245,6 +287,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_pool(
 }
 
 /// Bytes all pools hold.
+///
+/// Statuses: only the common ones (real stored bytes, as `okv_kv_seq_cache_nbytes`).
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_nbytes(
     cache: *const okv_kv_cell_cache,
