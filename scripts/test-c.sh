@@ -131,12 +131,13 @@ done
 # and loads them, then C loads Python's (plain and under valgrind).
 PY="${PYTHON:-}"
 [ -n "$PY" ] || { [ -x .venv/bin/python ] && PY=.venv/bin/python; } || PY=python3
-mkdir -p "$OUT/exchange"
-run "exchange: C writes its snapshots" "$OUT/exchange" "$OUT/exchange"
-run "exchange: Python's snapshots of the same state are the same bytes" "$PY" bindings/c/tests/exchange.py "$OUT/exchange"
-run "exchange: C loads Python's snapshots" "$OUT/exchange" --load "$OUT/exchange"
-run "exchange --load under valgrind (0 errors)" "${VG[@]}" "$OUT/exchange" --load "$OUT/exchange"
-run "exchange --load with AddressSanitizer" "$OUT/exchange-asan" --load "$OUT/exchange"
+SNAPS="$OUT/snapshots"
+mkdir -p "$SNAPS"
+run "exchange: C writes its snapshots" "$OUT/exchange" "$SNAPS"
+run "exchange: Python's snapshots of the same state are the same bytes" "$PY" bindings/c/tests/exchange.py "$SNAPS"
+run "exchange: C loads Python's snapshots" "$OUT/exchange" --load "$SNAPS"
+run "exchange --load under valgrind (0 errors)" "${VG[@]}" "$OUT/exchange" --load "$SNAPS"
+run "exchange --load with AddressSanitizer" "$OUT/exchange-asan" --load "$SNAPS"
 
 rust_tokens() { # rust_tokens SEQS -> the generated list of the Rust runner
     "$LIBDIR/examples/runner" --seqs "$1" "${FLAGS[@]}" --dump "$OUT/rust-$1.json" >/dev/null &&

@@ -19,8 +19,8 @@ cargo clippy -p offgraph-kv --no-default-features -- -D warnings
 echo "==> cargo doc (the core's docs: no broken links)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p offgraph-kv --no-deps --quiet
 echo "==> ruff"
-ruff check python tests benches
-ruff format --check python tests benches
+ruff check python tests benches bindings/c/tests
+ruff format --check python tests benches bindings/c/tests
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 echo "==> cargo test --workspace"

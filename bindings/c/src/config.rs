@@ -1,9 +1,7 @@
 //! `okv_config`: a cache configuration, built by setters and validated by
 //! every constructor that takes it.
 //!
-//! Room left for the precision work: dtypes will get their own setter
-//! (`okv_config_set_dtypes`, append-only names) when the core has them; today
-//! every pool is float32 and there is no dtype call at all.
+//! The pool dtypes have their own setter, `okv_config_set_dtypes` (in `dtype.rs`).
 
 use std::sync::Mutex;
 

@@ -24,7 +24,10 @@ def rows(t0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def config(k_dtype: str, v_dtype: str) -> okv.CacheConfig:
-    layers = [okv.LayerConfig(okv.Ring(window=4), HEADS, HD), okv.LayerConfig(okv.Flat(), HEADS, HD)]
+    layers = [
+        okv.LayerConfig(okv.Ring(window=4), HEADS, HD),
+        okv.LayerConfig(okv.Flat(), HEADS, HD),
+    ]
     return okv.CacheConfig(CAP, 2, layers, max_step=3, k_dtype=k_dtype, v_dtype=v_dtype)
 
 
