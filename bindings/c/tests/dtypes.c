@@ -10,12 +10,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "rows.h"
 
 enum { HEADS = 2, HD = 32, QH = 4, CAP = 64, LAYERS = 2, N_DTYPES = 4 };
 
-/* Values exact in float16 and bfloat16: multiples of 1/8 in [-1, 1). */
-static float kval(size_t h, size_t t, size_t d) { return (float)((int)((h * 7 + t * 3 + d) % 16) - 8) * 0.125f; }
-static float vval(size_t h, size_t t, size_t d) { return (float)((int)((h * 5 + t + d * 3) % 16) - 8) * 0.0625f; }
 
 /* Bits of a float that is exact in the narrow type (normal or zero). */
 static uint16_t f16_bits(float x) {
@@ -33,14 +31,7 @@ static uint16_t bf16_bits(float x) {
 }
 
 /* The rows of tokens [t0, t0 + n) as [HEADS, n, HD]. */
-static void rows_f32(size_t t0, size_t n, float *k, float *v) {
-    for (size_t h = 0; h < HEADS; h++)
-        for (size_t t = 0; t < n; t++)
-            for (size_t d = 0; d < HD; d++) {
-                k[(h * n + t) * HD + d] = kval(h, t0 + t, d);
-                v[(h * n + t) * HD + d] = vval(h, t0 + t, d);
-            }
-}
+static void rows_f32(size_t t0, size_t n, float *k, float *v) { test_rows(HEADS, HD, t0, n, k, v); }
 
 static okv_config *dtype_config(uint32_t kd, uint32_t vd, uint32_t policy, size_t window) {
     okv_layer_config l = {policy, window, HEADS, HD};

@@ -11,21 +11,12 @@
 #include <string.h>
 
 #include "check.h"
+#include "rows.h"
 
 enum { HEADS = 2, HD = 32, CAP = 64, N_SEQ = 10 };
 
-/* The same values exchange.py writes. */
-static float kval(size_t h, size_t t, size_t d) { return (float)((int)((h * 7 + t * 3 + d) % 16) - 8) * 0.125f; }
-static float vval(size_t h, size_t t, size_t d) { return (float)((int)((h * 5 + t + d * 3) % 16) - 8) * 0.0625f; }
-
-static void rows(size_t t0, size_t n, float *k, float *v) {
-    for (size_t h = 0; h < HEADS; h++)
-        for (size_t t = 0; t < n; t++)
-            for (size_t d = 0; d < HD; d++) {
-                k[(h * n + t) * HD + d] = kval(h, t0 + t, d);
-                v[(h * n + t) * HD + d] = vval(h, t0 + t, d);
-            }
-}
+/* The values exchange.py writes (rows.h). */
+static void rows(size_t t0, size_t n, float *k, float *v) { test_rows(HEADS, HD, t0, n, k, v); }
 
 /* Two layers: a ring of window 4 and a flat one; max_step 3. */
 static okv_config *config(uint32_t kd, uint32_t vd) {

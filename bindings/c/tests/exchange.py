@@ -16,7 +16,7 @@ HEADS, HD, CAP, N_SEQ = 2, 32, 64, 10
 
 
 def rows(t0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens [t0, t0 + n) as [HEADS, n, HD] float32 (exchange.c's values)."""
+    """Tokens [t0, t0 + n) as [HEADS, n, HD] float32 (the values of rows.h)."""
     h, t, d = np.meshgrid(np.arange(HEADS), np.arange(t0, t0 + n), np.arange(HD), indexing="ij")
     k = ((h * 7 + t * 3 + d) % 16 - 8) * 0.125
     v = ((h * 5 + t + d * 3) % 16 - 8) * 0.0625
