@@ -6,7 +6,7 @@ weights digest hashes, for every parameter tensor in ``named_parameters()`` orde
 shape and dtype and a strided sample of its bytes (``samples`` elements spread evenly over the
 tensor, plus its last element). Any whole-tensor change (another checkpoint, another dtype, a
 fine-tune, a re-quantization) changes the digest; the sample reads a few KiB per tensor, so an
-8B model's digest costs milliseconds (``benches/bench_store.py --digest`` measures it).
+8B model's digest costs milliseconds (``benches/bench_store_digest.py`` measures it).
 """
 
 from __future__ import annotations
