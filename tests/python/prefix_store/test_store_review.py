@@ -246,3 +246,22 @@ def test_a_remainder_longer_than_a_sliding_max_step_after_a_hit_matches_a_full_p
     again = OffgraphCache(model.config, max_step=8)
     assert store.load(again, ids) == 8
     assert greedy(model, ids, again) == greedy(model, ids, OffgraphCache(model.config))
+
+
+def test_snapshots_load_from_memoryview_slices_in_place_or_copied():
+    # A store value's slices reach the core as memoryviews (read in place when contiguous).
+    a = okv.KvSequenceCache(config())
+    prefill(a, prompt(20))
+    data = a.save_state()
+    for view in (
+        memoryview(b"xx" + data + b"yy")[2:-2],
+        memoryview(bytearray(data)),
+        memoryview(data).cast("B"),
+    ):
+        b = okv.KvSequenceCache(config())
+        b.load_state([view])
+        assert b.save_state() == data
+    b = okv.KvSequenceCache(config())
+    with pytest.raises(okv.SnapshotError):
+        b.load_state(memoryview(data + data)[::2])  # strided: copied, then refused as data
+    assert b.length == 0
