@@ -198,10 +198,17 @@ class OffgraphLayer(CacheLayerMixin):
         # first: the chunks overwrite its slots (``.to`` alone returns the view when the pool
         # holds the model's dtype).
         lo, length = self._visible()
+        first = 0
+        if self._views is None and length > lo:
+            # Rows restored without a write (a prefix-store load) have no views yet: they come
+            # with the first chunk's write, whose slots are older than the window (the ring is
+            # window + max_step - 1 deep), so the window is still intact to copy after it.
+            first = self.max_step
+            self._write(kin[:, :, :first], vin[:, :, :first])
         hk, hv = self._rows(lo, length)
         hk = hk.to(key_states.dtype, copy=True)
         hv = hv.to(value_states.dtype, copy=True)
-        for s in range(0, t, self.max_step):
+        for s in range(first, t, self.max_step):
             self._write(kin[:, :, s : s + self.max_step], vin[:, :, s : s + self.max_step])
         keys = torch.cat([hk, key_states.detach()], dim=2)
         values = torch.cat([hv, value_states.detach()], dim=2)

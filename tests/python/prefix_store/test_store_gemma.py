@@ -24,7 +24,7 @@ def test_second_process_generates_what_a_full_prefill_does(gemma, redis_server):
     cache = OffgraphCache(model.config)
     with torch.no_grad():
         model(torch.tensor([tokens]), cache=cache, use_cache=True)
-    store = PrefixStore(RedisBackend(redis_server.url), namespace="gemma-test")
+    store = PrefixStore(RedisBackend(redis_server.url), namespace="gemma-test", model=model)
     store.clear()
     assert store.save(cache, tokens) == PROMPT // 256
     cmd = [sys.executable, "-m", "offgraph_kv.store_demo", "load", "--url", redis_server.url]
@@ -42,7 +42,7 @@ def test_in_process_memory_hit_matches_and_restores_every_layer(gemma):
     model, _ = gemma
     tokens = demo_prompt(600, seed=1)
     full = generate(model, tokens, OffgraphCache(model.config), NEW)
-    store = PrefixStore(MemoryBackend(1 << 30), chunk_tokens=128)
+    store = PrefixStore(MemoryBackend(1 << 30), chunk_tokens=128, model=model)
     cache = OffgraphCache(model.config)
     with torch.no_grad():
         model(torch.tensor([tokens]), cache=cache, use_cache=True)
@@ -51,3 +51,21 @@ def test_in_process_memory_hit_matches_and_restores_every_layer(gemma):
     assert store.load(again, tokens) == 512
     assert [kv.length for kv in again.kv_caches()] == [512] * model.config.num_hidden_layers
     assert generate(model, tokens, again, NEW) == full
+
+
+def test_a_long_remainder_after_a_hit_matches_a_full_prefill(gemma):
+    """300 tokens saved, then an 860-token prompt: 256 restored, and the 604 left exceed a
+    sliding layer's max_step (512), so the first forward runs the long-step path on restored
+    layers."""
+    model, _ = gemma
+    tokens = demo_prompt(860, seed=3)
+    store = PrefixStore(MemoryBackend(1 << 30), model=model)
+    first = OffgraphCache(model.config)
+    with torch.no_grad():
+        model(torch.tensor([tokens[:300]]), cache=first, use_cache=True)
+    assert store.save(first, tokens[:300]) == 1
+    again = OffgraphCache(model.config)
+    assert store.load(again, tokens) == 256
+    assert generate(model, tokens, again, 4) == generate(
+        model, tokens, OffgraphCache(model.config), 4
+    )
