@@ -46,6 +46,11 @@ Design
   On sliding-window layers the cell cache refuses a fork whose next step would need keys its
   source already dropped from the ring table; the generator then tries the next source, or
   prefills from scratch.
+* **Cancelling and threads.** ``cancel(rid)`` drops a waiting request at once and frees a
+  running one's sequence at once, or right after the forward in flight when another thread is
+  stepping: ``step`` holds the generator's lock while it schedules and while it takes the
+  forward's results, never during the forward, so a server's event loop can ``add``,
+  ``cancel`` and read ``stats``/``request_info`` while its engine thread steps. One thread steps.
 * **Sampling.** Greedy by default; ``temperature > 0`` samples with top-p filtering from a
   per-request ``torch.Generator`` seeded by ``seed``. A request stops at ``max_new_tokens`` or at
   one of its ``eos_token_id`` tokens, which ends its output (as ``generate``'s outputs do).
@@ -59,6 +64,7 @@ import contextlib
 import itertools
 import math
 import operator
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -178,6 +184,7 @@ class _Request:
     fed: int = 0  # tokens[:fed] are held by `seq`
     reused: int = 0
     done: bool = False
+    finish_reason: str | None = None  # "stop" (an eos token), "length" or "cancelled"
 
     @property
     def generated(self) -> list[int]:
@@ -292,6 +299,12 @@ class BatchGenerator:
         self._running: list[_Request] = []  # admitted, in admission order
         self._finished: dict[int, _Request] = {}
         self._cached: OrderedDict[int, list[int]] = OrderedDict()  # seq -> held tokens, LRU first
+        self._live: dict[int, _Request] = {}  # rid -> waiting or running request
+        # `step` holds the lock while it schedules and while it takes the forward's results, not
+        # during the forward: `add`/`cancel`/`stats` from another thread never wait on a forward.
+        self._lock = threading.RLock()
+        self._stepping = False  # a forward is in flight: cancelling a running request waits
+        self._cancels: list[_Request] = []  # running requests cancelled during the forward
         self._stats = {
             "steps": 0,
             "forward_tokens": 0,
@@ -302,6 +315,7 @@ class BatchGenerator:
             "forks": 0,
             "evictions": 0,
             "requests_finished": 0,
+            "requests_cancelled": 0,
         }
 
     # -- requests ---------------------------------------------------------------------------------
@@ -317,8 +331,78 @@ class BatchGenerator:
     ) -> int:
         """Queue a request; returns its id. It joins the batch at the next step it fits."""
         req = self._request(prompt_ids, max_new_tokens, eos_token_id, temperature, top_p, seed)
-        self._waiting.append(req)
+        with self._lock:
+            self._queue([req])
         return req.rid
+
+    def _queue(self, reqs: list[_Request]) -> None:
+        self._waiting.extend(reqs)
+        self._live.update((r.rid, r) for r in reqs)
+
+    def cancel(self, rid: int) -> bool:
+        """Drop a waiting or running request; returns whether it was waiting or running.
+
+        A waiting request leaves the queue at once. A running one stops producing tokens and its
+        sequence is freed (cells shared with other sequences stay with them) at once, or, when a
+        step's forward is in flight in another thread, as soon as that forward returns; a token
+        that forward produces for it is still in that step's output. Unknown, finished or
+        already cancelled ids return ``False`` and change nothing. Safe to call from another
+        thread than the one calling :meth:`step`. The request's partial output is what
+        :meth:`run`/:meth:`pop_finished` report for it (``finish_reason`` ``"cancelled"``).
+        """
+        with self._lock:
+            req = self._live.get(rid)
+            if req is None:
+                return False
+            if req.seq is None:  # waiting
+                self._waiting.remove(req)
+                self._retire(req, "cancelled")
+            elif self._stepping:
+                if req not in self._cancels:
+                    self._cancels.append(req)
+            else:
+                self._drop_running(req)
+            return True
+
+    def _drop_running(self, req: _Request) -> None:
+        """Cancel a running request now: free its sequence."""
+        if req.done:  # finished in the step that was in flight when it was cancelled
+            return
+        self._running.remove(req)
+        assert req.seq is not None
+        self.kc.seq_free(req.seq)
+        req.seq = None
+        self._retire(req, "cancelled")
+
+    def _retire(self, req: _Request, reason: str) -> None:
+        req.done = True
+        req.finish_reason = reason
+        self._live.pop(req.rid, None)
+        self._finished[req.rid] = req
+        self._stats["requests_cancelled" if reason == "cancelled" else "requests_finished"] += 1
+
+    def request_info(self, rid: int) -> dict[str, Any] | None:
+        """What is known of a request: ``state`` (``"waiting"``, ``"running"``, ``"finished"``
+        or ``"cancelled"``), ``prompt_tokens``, ``cached_tokens`` (prompt tokens served from
+        shared cells rather than computed), ``generated_tokens`` and ``finish_reason``
+        (``"stop"`` at an eos token, ``"length"``, ``"cancelled"``, ``None`` while live).
+        ``None`` for an id never added, or finished and collected by :meth:`run` or
+        :meth:`pop_finished`."""
+        with self._lock:
+            req = self._live.get(rid) or self._finished.get(rid)
+            if req is None:
+                return None
+            if req.done:
+                state = "cancelled" if req.finish_reason == "cancelled" else "finished"
+            else:
+                state = "waiting" if req.seq is None else "running"
+            return {
+                "state": state,
+                "prompt_tokens": len(req.prompt),
+                "cached_tokens": req.reused,
+                "generated_tokens": len(req.generated),
+                "finish_reason": req.finish_reason,
+            }
 
     def _request(
         self,
@@ -412,11 +496,15 @@ class BatchGenerator:
     @property
     def has_work(self) -> bool:
         """Whether a request is waiting or running."""
-        return bool(self._waiting or self._running)
+        return bool(self._live)
 
     @property
     def stats(self) -> dict[str, int]:
         """Counters since construction plus the cache's current occupancy."""
+        with self._lock:
+            return self._stats_now()
+
+    def _stats_now(self) -> dict[str, int]:
         held = sum(r.fed for r in self._running) + sum(len(t) for t in self._cached.values())
         return {
             **self._stats,
@@ -431,35 +519,57 @@ class BatchGenerator:
     # -- the step ---------------------------------------------------------------------------------
 
     def step(self) -> list[tuple[int, int]]:
-        """One forward over every active request; returns ``[(rid, token), ...]`` it produced."""
-        if not self.has_work:
-            return []
-        plan = self._schedule()
-        if not plan:
-            raise CapacityError(
-                "no request can make progress: the waiting requests do not fit the free cells"
-            )
-        seq_ids: list[int] = []
-        positions: list[int] = []
-        tokens: list[int] = []
-        rows: list[int] = []
-        samplers: list[_Request] = []
-        for req, n in plan:
-            assert req.seq is not None
-            seq_ids += [req.seq] * n
-            positions += range(req.fed, req.fed + n)
-            tokens += req.tokens[req.fed : req.fed + n]
-            if req.fed + n == len(req.tokens):
-                rows.append(len(tokens) - 1)
-                samplers.append(req)
-        self.kc.begin_step(seq_ids, positions)
+        """One forward over every active request; returns ``[(rid, token), ...]`` it produced.
+
+        One thread steps; others may :meth:`add`, :meth:`cancel` and read :attr:`stats`
+        meanwhile (the lock is not held during the forward)."""
+        with self._lock:
+            if not self.has_work:
+                return []
+            plan = self._schedule()
+            if not plan:
+                raise CapacityError(
+                    "no request can make progress: the waiting requests do not fit the free cells"
+                )
+            seq_ids: list[int] = []
+            positions: list[int] = []
+            tokens: list[int] = []
+            rows: list[int] = []
+            samplers: list[_Request] = []
+            for req, n in plan:
+                assert req.seq is not None
+                seq_ids += [req.seq] * n
+                positions += range(req.fed, req.fed + n)
+                tokens += req.tokens[req.fed : req.fed + n]
+                if req.fed + n == len(req.tokens):
+                    rows.append(len(tokens) - 1)
+                    samplers.append(req)
+            self.kc.begin_step(seq_ids, positions)
+            self._stepping = True
         try:
             logits = self._forward(tokens, positions, rows)
         except BaseException:
-            for req, _ in plan:  # the step's tokens are not held: drop them
-                with contextlib.suppress(CacheError):
-                    self.kc.seq_rm(req.seq, req.fed)
+            with self._lock:
+                self._stepping = False
+                for req, _ in plan:  # the step's tokens are not held: drop them
+                    with contextlib.suppress(CacheError):
+                        self.kc.seq_rm(req.seq, req.fed)
+                self._apply_cancels()
             raise
+        with self._lock:
+            self._stepping = False
+            out = self._take(plan, samplers, logits, len(tokens))
+            self._apply_cancels()
+        return out
+
+    def _take(
+        self,
+        plan: list[tuple[_Request, int]],
+        samplers: list[_Request],
+        logits: torch.Tensor,
+        n_tokens: int,
+    ) -> list[tuple[int, int]]:
+        """Account a step's forward: tokens held, the tokens sampled, requests finished."""
         for req, n in plan:
             if req.fed < len(req.prompt):
                 self._stats["prefill_tokens"] += n
@@ -467,16 +577,23 @@ class BatchGenerator:
                 self._stats["decode_tokens"] += n
             req.fed += n
         self._stats["steps"] += 1
-        self._stats["forward_tokens"] += len(tokens)
+        self._stats["forward_tokens"] += n_tokens
         out: list[tuple[int, int]] = []
         for i, req in enumerate(samplers):
             tok = self._sample(req, logits[i])
             req.tokens.append(tok)
             out.append((req.rid, tok))
             self._stats["generated_tokens"] += 1
-            if tok in req.eos or len(req.generated) >= req.max_new_tokens:
-                self._finish(req)
+            if tok in req.eos:
+                self._finish(req, "stop")
+            elif len(req.generated) >= req.max_new_tokens:
+                self._finish(req, "length")
         return out
+
+    def _apply_cancels(self) -> None:
+        for req in self._cancels:
+            self._drop_running(req)
+        self._cancels.clear()
 
     def _forward(self, tokens: list[int], positions: list[int], rows: list[int]) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long)
@@ -517,11 +634,9 @@ class BatchGenerator:
             probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
         return int(torch.multinomial(probs, 1, generator=req.generator))
 
-    def _finish(self, req: _Request) -> None:
-        req.done = True
+    def _finish(self, req: _Request, reason: str) -> None:
         self._running.remove(req)
-        self._finished[req.rid] = req
-        self._stats["requests_finished"] += 1
+        self._retire(req, reason)
         assert req.seq is not None
         if self.prefix_cache:
             self._cached[req.seq] = req.tokens[: req.fed]
@@ -653,8 +768,15 @@ class BatchGenerator:
         finished since the last ``run``/``generate`` (and forgets them)."""
         while self.has_work:
             self.step()
-        done = {rid: r.generated for rid, r in self._finished.items()}
-        self._finished.clear()
+        return self.pop_finished()
+
+    def pop_finished(self) -> dict[int, list[int]]:
+        """``{rid: generated tokens}`` of the requests finished or cancelled since the last
+        ``run``/``generate``/``pop_finished``, which forgets them (a server stepping by itself
+        calls it to keep the record small)."""
+        with self._lock:
+            done = {rid: r.generated for rid, r in self._finished.items()}
+            self._finished.clear()
         return done
 
     def generate(
@@ -666,11 +788,13 @@ class BatchGenerator:
     ) -> list[list[int]]:
         """Generate for every prompt; returns the generated tokens in prompt order."""
         reqs = [self._request(p, max_new_tokens, eos_token_id, **sampling) for p in prompts]
-        self._waiting.extend(reqs)  # all validated first: a bad prompt queues nothing
-        done = self.run()
-        return [done[r.rid] for r in reqs]
+        with self._lock:
+            self._queue(reqs)  # all validated first: a bad prompt queues nothing
+        self.run()
+        return [r.generated for r in reqs]  # a request cancelled meanwhile: its tokens so far
 
     def clear_prefix_cache(self) -> None:
         """Free every cached finished sequence."""
-        while self._evict_one():
-            pass
+        with self._lock:
+            while self._evict_one():
+                pass
