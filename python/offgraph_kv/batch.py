@@ -75,6 +75,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 
 from . import _native as _okv
 from ._errors import CacheError, CapacityError, InvalidArgumentError
+from .prefix_index import PrefixIndex
 
 __all__ = ["CELL_ATTN_NAME", "BatchGenerator", "cell_attention", "register_cell_attention"]
 
@@ -82,6 +83,8 @@ CELL_ATTN_NAME = "offgraph_cells"
 """The ``attn_implementation`` name under which :func:`cell_attention` is registered."""
 
 _SPEC_ATTR = "_offgraph_cell_spec"
+_WAIT_GAIN = 16  # prefix tokens a prefill in flight must add for a request to wait for it
+_FORK_TRIES = 8  # sources tried (longest prefix first) before a request prefills afresh
 
 
 def cell_attention(
@@ -200,20 +203,6 @@ class _Request:
         return self.total - self.fed
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix: a binary search over slice comparisons (C speed)."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def _policies(config: Any) -> list[_okv.LayerConfig]:
     text = config.get_text_config(decoder=True)
     if getattr(text, "attn_logit_softcapping", None) is not None:
@@ -298,7 +287,9 @@ class BatchGenerator:
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # admitted, in admission order
         self._finished: dict[int, _Request] = {}
-        self._cached: OrderedDict[int, list[int]] = OrderedDict()  # seq -> held tokens, LRU first
+        self._cached: OrderedDict[int, int] = OrderedDict()  # seq -> tokens held, LRU first
+        self._held = PrefixIndex()  # seq -> tokens it holds, for every running and cached seq
+        self._prefilling = PrefixIndex()  # rid -> prompt, for running requests still prefilling
         self._live: dict[int, _Request] = {}  # rid -> waiting or running request
         # `step` holds the lock while it schedules and while it takes the forward's results, not
         # during the forward: `add`/`cancel`/`stats` from another thread never wait on a forward.
@@ -371,6 +362,8 @@ class BatchGenerator:
         self._running.remove(req)
         assert req.seq is not None
         self.kc.seq_free(req.seq)
+        self._held.remove(req.seq)
+        self._prefilling.remove(req.rid)
         req.seq = None
         self._retire(req, "cancelled")
 
@@ -505,7 +498,7 @@ class BatchGenerator:
             return self._stats_now()
 
     def _stats_now(self) -> dict[str, int]:
-        held = sum(r.fed for r in self._running) + sum(len(t) for t in self._cached.values())
+        held = sum(r.fed for r in self._running) + sum(self._cached.values())
         return {
             **self._stats,
             "cells_used": self.n_cells - self.kc.free_cells,
@@ -573,8 +566,11 @@ class BatchGenerator:
         for req, n in plan:
             if req.fed < len(req.prompt):
                 self._stats["prefill_tokens"] += n
+                if req.fed + n >= len(req.prompt):
+                    self._prefilling.remove(req.rid)
             else:
                 self._stats["decode_tokens"] += n
+            self._held.extend(req.seq, req.tokens[req.fed : req.fed + n])
             req.fed += n
         self._stats["steps"] += 1
         self._stats["forward_tokens"] += n_tokens
@@ -639,8 +635,9 @@ class BatchGenerator:
         self._retire(req, reason)
         assert req.seq is not None
         if self.prefix_cache:
-            self._cached[req.seq] = req.tokens[: req.fed]
+            self._cached[req.seq] = req.fed
         else:
+            self._held.remove(req.seq)
             self.kc.seq_free(req.seq)
         req.seq = None
 
@@ -657,7 +654,9 @@ class BatchGenerator:
         budget -= len(plan)
         # While a request that could start now waits, a prefill takes at most half a step, so the
         # request starts within a step or two instead of after the whole prefill.
-        starters = any(not self._worth_waiting(r, self._best_source(r)[1]) for r in self._waiting)
+        starters = bool(prefill) and any(
+            not self._worth_waiting(r, self._best_upto(r)) for r in self._waiting
+        )
         cap = max(1, self.max_batch_tokens // 2) if starters else budget
         for req in prefill:
             if budget == 0:
@@ -680,62 +679,56 @@ class BatchGenerator:
     def _admit_next(self) -> _Request | None:
         """Admit the first waiting request that should start now, or ``None``."""
         for i, req in enumerate(self._waiting):
-            src, upto = self._best_source(req)
+            upto = self._best_upto(req)
             if self._worth_waiting(req, upto):
                 continue
-            if not self._admit(req, src, upto):
+            if not self._admit(req):
                 return None  # first come, first served: nothing behind it jumps the queue
             del self._waiting[i]
             self._running.append(req)
             return req
         return None
 
-    def _held(self) -> Iterator[tuple[int, list[int]]]:
-        for r in self._running:
-            if r.seq is not None and r.fed > 0:
-                yield r.seq, r.tokens[: r.fed]
-        yield from reversed(self._cached.items())  # most recently used first
+    def _sources(self, req: _Request) -> Iterator[tuple[int, int]]:
+        """``(seq, upto)`` of the held sequences sharing a prefix of ``req``'s prompt (at most
+        all but its last token), longest first: one walk of the prompt through the index."""
+        return self._held.longest(req.prompt, len(req.prompt) - 1)
 
-    def _best_source(self, req: _Request) -> tuple[list[tuple[int, int]], int]:
-        """Candidate ``(seq, upto)`` forks, longest first, and the longest ``upto``."""
-        limit = len(req.prompt) - 1
-        found = []
-        for seq, toks in self._held():
-            n = min(_common_prefix(req.prompt, toks), limit)
-            if n > 0:
-                found.append((seq, n))
-        found.sort(key=lambda x: -x[1])
-        return found, (found[0][1] if found else 0)
+    def _best_upto(self, req: _Request) -> int:
+        return next(self._sources(req), (None, 0))[1]
 
     def _worth_waiting(self, req: _Request, held: int) -> bool:
         """Whether a prompt still being prefilled will soon hold a longer prefix of ``req``."""
-        limit = len(req.prompt) - 1
-        for r in self._running:
-            if r.fed < len(r.prompt):
-                n = min(_common_prefix(req.prompt, r.prompt), limit)
-                if n - max(held, r.fed) >= 16:
-                    return True
+        for rid, n in self._prefilling.longest(req.prompt, len(req.prompt) - 1):
+            if n - held < _WAIT_GAIN:
+                return False  # longest first: no later prompt gains enough either
+            if n - max(held, self._live[rid].fed) >= _WAIT_GAIN:
+                return True
         return False
 
     def _evict_one(self, keep: int | None = None) -> bool:
         for seq in self._cached:
             if seq != keep:
-                del self._cached[seq]
-                self.kc.seq_free(seq)
-                self._stats["evictions"] += 1
+                self._evict(seq)
                 return True
         return False
 
-    def _admit(self, req: _Request, sources: list[tuple[int, int]], upto: int) -> bool:
+    def _evict(self, seq: int) -> None:
+        del self._cached[seq]
+        self._held.remove(seq)
+        self.kc.seq_free(seq)
+        self._stats["evictions"] += 1
+
+    def _admit(self, req: _Request) -> bool:
         """Give ``req`` a sequence (a fork when a source holds its prefix) if it fits."""
-        live = len(self._running) + len(self._cached)
-        if live >= self.n_seq_max:
-            best = sources[0][0] if sources else None
+        if len(self._held) >= self.n_seq_max:
+            best, upto = next(self._sources(req), (None, 0))
             if not self._evict_one(keep=best):
+                if best in self._cached:  # the only way forward: the source itself
+                    return self._admit_in_place(req, best, upto)
                 return False
-            sources = [s for s in sources if s[0] in self._cached or self._is_running(s[0])]
-        seq, upto = None, 0
-        for src, n in sources:
+        seq, upto, src = None, 0, None
+        for src, n in itertools.islice(self._sources(req), _FORK_TRIES):
             try:
                 seq = self.kc.seq_clone(src, upto=n)
             except CacheError:
@@ -744,22 +737,53 @@ class BatchGenerator:
             break
         if seq is None:
             seq = self.kc.seq_new()
-        need = self._need(req.total - upto)
-        while self._free_for_admission() < need and self._evict_one():
-            pass
-        if self._free_for_admission() < need:
+        if not self._room_for(req, upto):
             self.kc.seq_free(seq)
             return False
         if upto:
             self._stats["forks"] += 1
-            self._stats["prefix_tokens_reused"] += upto
-        req.seq, req.fed, req.reused = seq, upto, upto
-        for s in [s for s, _ in sources if s in self._cached]:
-            self._cached.move_to_end(s)  # a fork source counts as used
+            if src in self._cached:
+                self._cached.move_to_end(src)  # a fork source counts as used
+        self._start(req, seq, upto)
         return True
 
-    def _is_running(self, seq: int) -> bool:
-        return any(r.seq == seq for r in self._running)
+    def _admit_in_place(self, req: _Request, seq: int, upto: int) -> bool:
+        """Every sequence id is taken and the only cached one holds ``req``'s prefix: ``req``
+        takes that sequence over, cut back to the shared prefix (or, when the ring refuses the
+        cut, freed and replaced by a fresh one)."""
+        try:
+            self.kc.seq_rm(seq, upto)
+        except CacheError:
+            self._evict(seq)
+            seq, upto = self.kc.seq_new(), 0
+        else:
+            del self._cached[seq]
+            self._held.truncate(seq, upto)
+        if not self._room_for(req, upto):
+            if upto:
+                self._cached[seq] = upto  # still a valid cached prefix
+            else:
+                self._held.remove(seq)
+                self.kc.seq_free(seq)
+            return False
+        self._held.remove(seq)
+        self._start(req, seq, upto)
+        return True
+
+    def _room_for(self, req: _Request, upto: int) -> bool:
+        """Whether ``req`` forked at ``upto`` fits, evicting cached sequences as needed."""
+        need = self._need(req.total - upto)
+        while self._free_for_admission() < need and self._evict_one():
+            pass
+        return self._free_for_admission() >= need
+
+    def _start(self, req: _Request, seq: int, upto: int) -> None:
+        if upto:
+            self._stats["prefix_tokens_reused"] += upto
+        req.seq, req.fed, req.reused = seq, upto, upto
+        self._held.insert(seq, req.prompt[:upto])
+        if upto < len(req.prompt):
+            self._prefilling.insert(req.rid, req.prompt)
 
     # -- drivers ----------------------------------------------------------------------------------
 
