@@ -35,10 +35,18 @@ Design
   may still write (prompt rest plus ``max_new_tokens - 1`` each), cover everything it may write:
   an admitted request always finishes, so a full generator makes new requests wait instead of
   stalling or corrupting running ones. ``begin_step`` stays the gate: a refused step changes
-  nothing and is retried with fewer new requests.
+  nothing and is retried with fewer new requests. It never wedges: with nothing running, the
+  first waiting request always starts. A fork that does not fit once the cached sequences are
+  evicted (its source among them: it then owns the cells it shared, up to a ring's depth on an
+  all-sliding model) gives way to a fresh prefill; with every sequence id taken
+  (``n_seq_max``) and the only cached sequence being the request's own fork source, the request
+  takes that sequence over, cut back to the shared prefix.
 * **Prefix sharing.** A new request forks (``seq_clone(src, upto=L)``) the sequence, live or
   finished, holding the longest prefix of its prompt (at most ``len(prompt) - 1`` tokens: the
-  last prompt token is always fed, it produces the first logits), and prefills only the rest. A
+  last prompt token is always fed, it produces the first logits), and prefills only the rest.
+  The held sequences are found through a radix tree over their tokens
+  (:class:`~offgraph_kv.prefix_index.PrefixIndex`), so a lookup walks the prompt once whatever
+  the number of held sequences (``benches/bench_scheduler.py``). A
   request whose prompt shares a longer prefix with a prompt still being prefilled waits for that
   prefill (a step or two) rather than computing the same prefix again. Finished sequences stay
   cached (``prefix_cache=True``) and are freed least recently used first when cells or sequence
@@ -724,49 +732,52 @@ class BatchGenerator:
         if len(self._held) >= self.n_seq_max:
             best, upto = next(self._sources(req), (None, 0))
             if not self._evict_one(keep=best):
-                if best in self._cached:  # the only way forward: the source itself
-                    return self._admit_in_place(req, best, upto)
-                return False
-        seq, upto, src = None, 0, None
+                if best not in self._cached:
+                    return False  # every id is running: wait for one to finish
+                seq, upto = self._take_over(best, upto)  # the only way forward
+                return self._place(req, seq, upto, None)
+        return self._place(req, *self._fork(req))
+
+    def _fork(self, req: _Request) -> tuple[int, int, int | None]:
+        """``(seq, upto, source)``: a fork of the longest held prefix the cache allows, else a
+        fresh sequence."""
         for src, n in itertools.islice(self._sources(req), _FORK_TRIES):
             try:
-                seq = self.kc.seq_clone(src, upto=n)
+                return self.kc.seq_clone(src, upto=n), n, src
             except CacheError:
                 continue  # a ring layer no longer holds what the fork's next step needs
-            upto = n
-            break
-        if seq is None:
-            seq = self.kc.seq_new()
-        if not self._room_for(req, upto):
-            self.kc.seq_free(seq)
-            return False
-        if upto:
-            self._stats["forks"] += 1
-            if src in self._cached:
-                self._cached.move_to_end(src)  # a fork source counts as used
-        self._start(req, seq, upto)
-        return True
+        return self.kc.seq_new(), 0, None
 
-    def _admit_in_place(self, req: _Request, seq: int, upto: int) -> bool:
-        """Every sequence id is taken and the only cached one holds ``req``'s prefix: ``req``
-        takes that sequence over, cut back to the shared prefix (or, when the ring refuses the
-        cut, freed and replaced by a fresh one)."""
+    def _take_over(self, seq: int, upto: int) -> tuple[int, int]:
+        """The cached ``seq`` cut back to its first ``upto`` tokens for a new request; freed for
+        a fresh sequence when the ring refuses the cut."""
+        del self._cached[seq]
+        self._held.remove(seq)
         try:
             self.kc.seq_rm(seq, upto)
         except CacheError:
-            self._evict(seq)
-            seq, upto = self.kc.seq_new(), 0
-        else:
-            del self._cached[seq]
-            self._held.truncate(seq, upto)
+            self.kc.seq_free(seq)
+            self._stats["evictions"] += 1
+            return self.kc.seq_new(), 0
+        return seq, upto
+
+    def _place(self, req: _Request, seq: int, upto: int, src: int | None) -> bool:
+        """Start ``req`` on ``seq`` (holding its first ``upto`` prompt tokens) if it fits,
+        evicting cached sequences as needed. Once its sources are evicted, a fork owns the cells
+        it shared: on an all-sliding model it then holds up to a ring's depth of cells that a
+        fresh prefill would not, so a fork that does not fit gives way to a fresh sequence."""
         if not self._room_for(req, upto):
-            if upto:
-                self._cached[seq] = upto  # still a valid cached prefix
-            else:
-                self._held.remove(seq)
+            self.kc.seq_free(seq)
+            if not upto:
+                return False
+            seq, upto, src = self.kc.seq_new(), 0, None
+            if not self._room_for(req, 0):
                 self.kc.seq_free(seq)
-            return False
-        self._held.remove(seq)
+                return False
+        if src is not None:
+            self._stats["forks"] += 1
+            if src in self._cached:
+                self._cached.move_to_end(src)  # a fork source counts as used
         self._start(req, seq, upto)
         return True
 

@@ -594,3 +594,46 @@ def test_one_sequence_id_multi_turn_chat_reuses_its_own_cached_turn(name):
     p = convo[:12] + rand_tokens(5, 310)
     assert gen.generate([p], 4)[0] == reference(model, p, 4)[0]
     assert len(gen.kc.live_seqs) == 1
+
+
+def tiny_all_sliding():
+    """Mistral v0.1's shape: every layer a sliding window (8 here)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(sliding_window=8, **TINY)).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def test_all_sliding_tight_cells_a_fork_that_no_longer_fits_prefills_afresh():
+    """Window 8, four tokens a step: a sequence holds at most 11 ring cells, the cache has 12.
+    The second request extends the first's cached 19 tokens; a fork shares the 11 ring cells the
+    source holds, and once the source is evicted it owns them, leaving 1 free cell for the 10 it
+    may still write. It must not wedge: a fresh prefill (at most 11 cells) fits."""
+    model = tiny_all_sliding()
+    gen = BatchGenerator(model, n_cells=12, max_batch_tokens=4)
+    a = rand_tokens(10, 320)
+    out = gen.generate([a], 10)[0]
+    assert out == reference(model, a, 10)[0]
+    b = a + out[:9] + rand_tokens(1, 321)
+    assert gen.generate([b], 10)[0] == reference(model, b, 10)[0]
+    assert gen.stats["cells_used"] <= 12
+
+
+def test_all_sliding_tight_cells_random_workloads_never_wedge():
+    model = tiny_all_sliding()
+    for trial in range(3):
+        g = torch.Generator().manual_seed(trial)
+        n_cells = int(torch.randint(12, 30, (1,), generator=g))
+        gen = BatchGenerator(model, n_cells=n_cells, max_batch_tokens=4, n_seq_max=3)
+        base = rand_tokens(12, 330 + trial, hi=4)
+        for _turn in range(2):
+            prompts = [
+                base[: 6 + 3 * k] + rand_tokens(2, 340 + 10 * trial + k, hi=4) for k in (0, 1, 2)
+            ]
+            got = gen.generate(prompts, 6)
+            assert got == [reference(model, p, 6)[0] for p in prompts]
+            assert gen.stats["cells_used"] <= n_cells
+            base = base + got[0]
