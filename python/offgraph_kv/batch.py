@@ -510,6 +510,7 @@ class BatchGenerator:
         return {
             **self._stats,
             "cells_used": self.n_cells - self.kc.free_cells,
+            "cells_free": self.kc.free_cells,
             "cells_unshared": held,
             "cells_total": self.n_cells,
             "running": len(self._running),

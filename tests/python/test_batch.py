@@ -489,6 +489,7 @@ def test_cancel_a_running_request_frees_its_cells_and_the_others_go_on():
     assert gen.cancel(b) is True
     assert gen.stats["cells_used"] == used - (len(pb) + 2)  # b held its prompt and 2 tokens
     assert gen.stats["running"] == 1 and len(gen.kc.live_seqs) == 1
+    assert gen.stats["cells_free"] == gen.kc.free_cells == 128 - gen.stats["cells_used"]
     outs: dict[int, list[int]] = {}
     while gen.has_work:
         for rid, tok in gen.step():
