@@ -35,10 +35,18 @@ Design
   may still write (prompt rest plus ``max_new_tokens - 1`` each), cover everything it may write:
   an admitted request always finishes, so a full generator makes new requests wait instead of
   stalling or corrupting running ones. ``begin_step`` stays the gate: a refused step changes
-  nothing and is retried with fewer new requests.
+  nothing and is retried with fewer new requests. It never wedges: with nothing running, the
+  first waiting request always starts. A fork that does not fit once the cached sequences are
+  evicted (its source among them: it then owns the cells it shared, up to a ring's depth on an
+  all-sliding model) gives way to a fresh prefill; with every sequence id taken
+  (``n_seq_max``) and the only cached sequence being the request's own fork source, the request
+  takes that sequence over, cut back to the shared prefix.
 * **Prefix sharing.** A new request forks (``seq_clone(src, upto=L)``) the sequence, live or
   finished, holding the longest prefix of its prompt (at most ``len(prompt) - 1`` tokens: the
-  last prompt token is always fed, it produces the first logits), and prefills only the rest. A
+  last prompt token is always fed, it produces the first logits), and prefills only the rest.
+  The held sequences are found through a radix tree over their tokens
+  (:class:`~offgraph_kv.prefix_index.PrefixIndex`), so a lookup walks the prompt once whatever
+  the number of held sequences (``benches/bench_scheduler.py``). A
   request whose prompt shares a longer prefix with a prompt still being prefilled waits for that
   prefill (a step or two) rather than computing the same prefix again. Finished sequences stay
   cached (``prefix_cache=True``) and are freed least recently used first when cells or sequence
@@ -46,6 +54,11 @@ Design
   On sliding-window layers the cell cache refuses a fork whose next step would need keys its
   source already dropped from the ring table; the generator then tries the next source, or
   prefills from scratch.
+* **Cancelling and threads.** ``cancel(rid)`` drops a waiting request at once and frees a
+  running one's sequence at once, or right after the forward in flight when another thread is
+  stepping: ``step`` holds the generator's lock while it schedules and while it takes the
+  forward's results, never during the forward, so a server's event loop can ``add``,
+  ``cancel`` and read ``stats``/``request_info`` while its engine thread steps. One thread steps.
 * **Sampling.** Greedy by default; ``temperature > 0`` samples with top-p filtering from a
   per-request ``torch.Generator`` seeded by ``seed``. A request stops at ``max_new_tokens`` or at
   one of its ``eos_token_id`` tokens, which ends its output (as ``generate``'s outputs do).
@@ -59,6 +72,7 @@ import contextlib
 import itertools
 import math
 import operator
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +83,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 
 from . import _native as _okv
 from ._errors import CacheError, CapacityError, InvalidArgumentError
+from .prefix_index import PrefixIndex
 from .store_cells import GeneratorStore
 
 __all__ = ["CELL_ATTN_NAME", "BatchGenerator", "cell_attention", "register_cell_attention"]
@@ -77,6 +92,8 @@ CELL_ATTN_NAME = "offgraph_cells"
 """The ``attn_implementation`` name under which :func:`cell_attention` is registered."""
 
 _SPEC_ATTR = "_offgraph_cell_spec"
+_WAIT_GAIN = 16  # prefix tokens a prefill in flight must add for a request to wait for it
+_FORK_TRIES = 8  # sources tried (longest prefix first) before a request prefills afresh
 
 
 def cell_attention(
@@ -179,6 +196,7 @@ class _Request:
     fed: int = 0  # tokens[:fed] are held by `seq`
     reused: int = 0
     done: bool = False
+    finish_reason: str | None = None  # "stop" (an eos token), "length" or "cancelled"
 
     @property
     def generated(self) -> list[int]:
@@ -192,20 +210,6 @@ class _Request:
     @property
     def outstanding(self) -> int:
         return self.total - self.fed
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix: a binary search over slice comparisons (C speed)."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _policies(config: Any) -> list[_okv.LayerConfig]:
@@ -297,7 +301,15 @@ class BatchGenerator:
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # admitted, in admission order
         self._finished: dict[int, _Request] = {}
-        self._cached: OrderedDict[int, list[int]] = OrderedDict()  # seq -> held tokens, LRU first
+        self._cached: OrderedDict[int, int] = OrderedDict()  # seq -> tokens held, LRU first
+        self._held = PrefixIndex()  # seq -> tokens it holds, for every running and cached seq
+        self._prefilling = PrefixIndex()  # rid -> prompt, for running requests still prefilling
+        self._live: dict[int, _Request] = {}  # rid -> waiting or running request
+        # `step` holds the lock while it schedules and while it takes the forward's results, not
+        # during the forward: `add`/`cancel`/`stats` from another thread never wait on a forward.
+        self._lock = threading.RLock()
+        self._stepping = False  # a forward is in flight: cancelling a running request waits
+        self._cancels: list[_Request] = []  # running requests cancelled during the forward
         self._stats = {
             "steps": 0,
             "forward_tokens": 0,
@@ -308,6 +320,7 @@ class BatchGenerator:
             "forks": 0,
             "evictions": 0,
             "requests_finished": 0,
+            "requests_cancelled": 0,
         }
 
     # -- requests ---------------------------------------------------------------------------------
@@ -323,8 +336,80 @@ class BatchGenerator:
     ) -> int:
         """Queue a request; returns its id. It joins the batch at the next step it fits."""
         req = self._request(prompt_ids, max_new_tokens, eos_token_id, temperature, top_p, seed)
-        self._waiting.append(req)
+        with self._lock:
+            self._queue([req])
         return req.rid
+
+    def _queue(self, reqs: list[_Request]) -> None:
+        self._waiting.extend(reqs)
+        self._live.update((r.rid, r) for r in reqs)
+
+    def cancel(self, rid: int) -> bool:
+        """Drop a waiting or running request; returns whether it was waiting or running.
+
+        A waiting request leaves the queue at once. A running one stops producing tokens and its
+        sequence is freed (cells shared with other sequences stay with them) at once, or, when a
+        step's forward is in flight in another thread, as soon as that forward returns; a token
+        that forward produces for it is still in that step's output. Unknown, finished or
+        already cancelled ids return ``False`` and change nothing. Safe to call from another
+        thread than the one calling :meth:`step`. The request's partial output is what
+        :meth:`run`/:meth:`pop_finished` report for it (``finish_reason`` ``"cancelled"``).
+        """
+        with self._lock:
+            req = self._live.get(rid)
+            if req is None:
+                return False
+            if req.seq is None:  # waiting
+                self._waiting.remove(req)
+                self._retire(req, "cancelled")
+            elif self._stepping:
+                if req not in self._cancels:
+                    self._cancels.append(req)
+            else:
+                self._drop_running(req)
+            return True
+
+    def _drop_running(self, req: _Request) -> None:
+        """Cancel a running request now: free its sequence."""
+        if req.done:  # finished in the step that was in flight when it was cancelled
+            return
+        self._running.remove(req)
+        assert req.seq is not None
+        self.kc.seq_free(req.seq)
+        self._held.remove(req.seq)
+        self._prefilling.remove(req.rid)
+        req.seq = None
+        self._retire(req, "cancelled")
+
+    def _retire(self, req: _Request, reason: str) -> None:
+        req.done = True
+        req.finish_reason = reason
+        self._live.pop(req.rid, None)
+        self._finished[req.rid] = req
+        self._stats["requests_cancelled" if reason == "cancelled" else "requests_finished"] += 1
+
+    def request_info(self, rid: int) -> dict[str, Any] | None:
+        """What is known of a request: ``state`` (``"waiting"``, ``"running"``, ``"finished"``
+        or ``"cancelled"``), ``prompt_tokens``, ``cached_tokens`` (prompt tokens served from
+        shared cells rather than computed), ``generated_tokens`` and ``finish_reason``
+        (``"stop"`` at an eos token, ``"length"``, ``"cancelled"``, ``None`` while live).
+        ``None`` for an id never added, or finished and collected by :meth:`run` or
+        :meth:`pop_finished`."""
+        with self._lock:
+            req = self._live.get(rid) or self._finished.get(rid)
+            if req is None:
+                return None
+            if req.done:
+                state = "cancelled" if req.finish_reason == "cancelled" else "finished"
+            else:
+                state = "waiting" if req.seq is None else "running"
+            return {
+                "state": state,
+                "prompt_tokens": len(req.prompt),
+                "cached_tokens": req.reused,
+                "generated_tokens": len(req.generated),
+                "finish_reason": req.finish_reason,
+            }
 
     def _request(
         self,
@@ -418,15 +503,20 @@ class BatchGenerator:
     @property
     def has_work(self) -> bool:
         """Whether a request is waiting or running."""
-        return bool(self._waiting or self._running)
+        return bool(self._live)
 
     @property
     def stats(self) -> dict[str, int]:
         """Counters since construction plus the cache's current occupancy."""
-        held = sum(r.fed for r in self._running) + sum(len(t) for t in self._cached.values())
+        with self._lock:
+            return self._stats_now()
+
+    def _stats_now(self) -> dict[str, int]:
+        held = sum(r.fed for r in self._running) + sum(self._cached.values())
         return {
             **self._stats,
             "cells_used": self.n_cells - self.kc.free_cells,
+            "cells_free": self.kc.free_cells,
             "cells_unshared": held,
             "cells_total": self.n_cells,
             "running": len(self._running),
@@ -438,54 +528,86 @@ class BatchGenerator:
     # -- the step ---------------------------------------------------------------------------------
 
     def step(self) -> list[tuple[int, int]]:
-        """One forward over every active request; returns ``[(rid, token), ...]`` it produced."""
-        if not self.has_work:
-            return []
-        plan = self._schedule()
-        if not plan:
-            raise CapacityError(
-                "no request can make progress: the waiting requests do not fit the free cells"
-            )
-        seq_ids: list[int] = []
-        positions: list[int] = []
-        tokens: list[int] = []
-        rows: list[int] = []
-        samplers: list[_Request] = []
-        for req, n in plan:
-            assert req.seq is not None
-            seq_ids += [req.seq] * n
-            positions += range(req.fed, req.fed + n)
-            tokens += req.tokens[req.fed : req.fed + n]
-            if req.fed + n == len(req.tokens):
-                rows.append(len(tokens) - 1)
-                samplers.append(req)
-        self.kc.begin_step(seq_ids, positions)
+        """One forward over every active request; returns ``[(rid, token), ...]`` it produced.
+
+        One thread steps; others may :meth:`add`, :meth:`cancel` and read :attr:`stats`
+        meanwhile (the lock is not held during the forward)."""
+        with self._lock:
+            if not self.has_work:
+                return []
+            plan = self._schedule()
+            if not plan:
+                raise CapacityError(
+                    "no request can make progress: the waiting requests do not fit the free cells"
+                )
+            seq_ids: list[int] = []
+            positions: list[int] = []
+            tokens: list[int] = []
+            rows: list[int] = []
+            samplers: list[_Request] = []
+            for req, n in plan:
+                assert req.seq is not None
+                seq_ids += [req.seq] * n
+                positions += range(req.fed, req.fed + n)
+                tokens += req.tokens[req.fed : req.fed + n]
+                if req.fed + n == len(req.tokens):
+                    rows.append(len(tokens) - 1)
+                    samplers.append(req)
+            self.kc.begin_step(seq_ids, positions)
+            self._stepping = True
         try:
             logits = self._forward(tokens, positions, rows)
         except BaseException:
-            for req, _ in plan:  # the step's tokens are not held: drop them
-                with contextlib.suppress(CacheError):
-                    self.kc.seq_rm(req.seq, req.fed)
+            with self._lock:
+                self._stepping = False
+                for req, _ in plan:  # the step's tokens are not held: drop them
+                    with contextlib.suppress(CacheError):
+                        self.kc.seq_rm(req.seq, req.fed)
+                self._apply_cancels()
             raise
+        with self._lock:
+            self._stepping = False
+            out = self._take(plan, samplers, logits, len(tokens))
+            self._apply_cancels()
+        return out
+
+    def _take(
+        self,
+        plan: list[tuple[_Request, int]],
+        samplers: list[_Request],
+        logits: torch.Tensor,
+        n_tokens: int,
+    ) -> list[tuple[int, int]]:
+        """Account a step's forward: tokens held, the tokens sampled, requests finished."""
         for req, n in plan:
             if req.fed < len(req.prompt):
                 self._stats["prefill_tokens"] += n
+                if req.fed + n >= len(req.prompt):
+                    self._prefilling.remove(req.rid)
             else:
                 self._stats["decode_tokens"] += n
+            self._held.extend(req.seq, req.tokens[req.fed : req.fed + n])
             req.fed += n
         if self._store is not None:
             self._store.prefilled([(r.seq, r.prompt, r.fed - n, r.fed) for r, n in plan])
         self._stats["steps"] += 1
-        self._stats["forward_tokens"] += len(tokens)
+        self._stats["forward_tokens"] += n_tokens
         out: list[tuple[int, int]] = []
         for i, req in enumerate(samplers):
             tok = self._sample(req, logits[i])
             req.tokens.append(tok)
             out.append((req.rid, tok))
             self._stats["generated_tokens"] += 1
-            if tok in req.eos or len(req.generated) >= req.max_new_tokens:
-                self._finish(req)
+            if tok in req.eos:
+                self._finish(req, "stop")
+            elif len(req.generated) >= req.max_new_tokens:
+                self._finish(req, "length")
         return out
+
+    def _apply_cancels(self) -> None:
+        for req in self._cancels:
+            self._drop_running(req)
+        self._cancels.clear()
 
     def _forward(self, tokens: list[int], positions: list[int], rows: list[int]) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long)
@@ -526,15 +648,14 @@ class BatchGenerator:
             probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
         return int(torch.multinomial(probs, 1, generator=req.generator))
 
-    def _finish(self, req: _Request) -> None:
-        req.done = True
+    def _finish(self, req: _Request, reason: str) -> None:
         self._running.remove(req)
-        self._finished[req.rid] = req
-        self._stats["requests_finished"] += 1
+        self._retire(req, reason)
         assert req.seq is not None
         if self.prefix_cache:
-            self._cached[req.seq] = req.tokens[: req.fed]
+            self._cached[req.seq] = req.fed
         else:
+            self._held.remove(req.seq)
             self.kc.seq_free(req.seq)
         req.seq = None
 
@@ -551,7 +672,9 @@ class BatchGenerator:
         budget -= len(plan)
         # While a request that could start now waits, a prefill takes at most half a step, so the
         # request starts within a step or two instead of after the whole prefill.
-        starters = any(not self._worth_waiting(r, self._best_source(r)[1]) for r in self._waiting)
+        starters = bool(prefill) and any(
+            not self._worth_waiting(r, self._best_upto(r)) for r in self._waiting
+        )
         cap = max(1, self.max_batch_tokens // 2) if starters else budget
         for req in prefill:
             if budget == 0:
@@ -574,88 +697,118 @@ class BatchGenerator:
     def _admit_next(self) -> _Request | None:
         """Admit the first waiting request that should start now, or ``None``."""
         for i, req in enumerate(self._waiting):
-            src, upto = self._best_source(req)
+            upto = self._best_upto(req)
             if self._worth_waiting(req, upto):
                 continue
-            if not self._admit(req, src, upto):
+            if not self._admit(req):
                 return None  # first come, first served: nothing behind it jumps the queue
             del self._waiting[i]
             self._running.append(req)
             return req
         return None
 
-    def _held(self) -> Iterator[tuple[int, list[int]]]:
-        for r in self._running:
-            if r.seq is not None and r.fed > 0:
-                yield r.seq, r.tokens[: r.fed]
-        yield from reversed(self._cached.items())  # most recently used first
+    def _sources(self, req: _Request) -> Iterator[tuple[int, int]]:
+        """``(seq, upto)`` of the held sequences sharing a prefix of ``req``'s prompt (at most
+        all but its last token), longest first: one walk of the prompt through the index."""
+        return self._held.longest(req.prompt, len(req.prompt) - 1)
 
-    def _best_source(self, req: _Request) -> tuple[list[tuple[int, int]], int]:
-        """Candidate ``(seq, upto)`` forks, longest first, and the longest ``upto``."""
-        limit = len(req.prompt) - 1
-        found = []
-        for seq, toks in self._held():
-            n = min(_common_prefix(req.prompt, toks), limit)
-            if n > 0:
-                found.append((seq, n))
-        found.sort(key=lambda x: -x[1])
-        return found, (found[0][1] if found else 0)
+    def _best_upto(self, req: _Request) -> int:
+        return next(self._sources(req), (None, 0))[1]
 
     def _worth_waiting(self, req: _Request, held: int) -> bool:
         """Whether a prompt still being prefilled will soon hold a longer prefix of ``req``."""
-        limit = len(req.prompt) - 1
-        for r in self._running:
-            if r.fed < len(r.prompt):
-                n = min(_common_prefix(req.prompt, r.prompt), limit)
-                if n - max(held, r.fed) >= 16:
-                    return True
+        for rid, n in self._prefilling.longest(req.prompt, len(req.prompt) - 1):
+            if n - held < _WAIT_GAIN:
+                return False  # longest first: no later prompt gains enough either
+            if n - max(held, self._live[rid].fed) >= _WAIT_GAIN:
+                return True
         return False
 
     def _evict_one(self, keep: int | None = None) -> bool:
         for seq in self._cached:
             if seq != keep:
-                del self._cached[seq]
-                self.kc.seq_free(seq)
-                self._stats["evictions"] += 1
+                self._evict(seq)
                 return True
         return False
 
-    def _admit(self, req: _Request, sources: list[tuple[int, int]], upto: int) -> bool:
+    def _evict(self, seq: int) -> None:
+        del self._cached[seq]
+        self._held.remove(seq)
+        self.kc.seq_free(seq)
+        self._stats["evictions"] += 1
+
+    def _admit(self, req: _Request) -> bool:
         """Give ``req`` a sequence (a fork when a source holds its prefix) if it fits."""
-        live = len(self._running) + len(self._cached)
-        if live >= self.n_seq_max:
-            best = sources[0][0] if sources else None
+        if len(self._held) >= self.n_seq_max:
+            best, upto = next(self._sources(req), (None, 0))
             if not self._evict_one(keep=best):
-                return False
-            sources = [s for s in sources if s[0] in self._cached or self._is_running(s[0])]
-        seq, upto = None, 0
+                if best not in self._cached:
+                    return False  # every id is running: wait for one to finish
+                seq, upto = self._take_over(best, upto)  # the only way forward
+                return self._place(req, seq, upto, None)
+        return self._place(req, *self._fork(req))
+
+    def _fork(self, req: _Request) -> tuple[int, int, int | None]:
+        """``(seq, upto, source)``: a fork of the longest held prefix the cache allows, else a
+        fresh sequence."""
         if self._store is not None:
-            seq, upto = self._store.admit(req.prompt, max((n for _, n in sources), default=0))
-        for src, n in sources if seq is None else []:
+            seq, upto = self._store.admit(req.prompt, self._best_upto(req))
+            if seq is not None:
+                return seq, upto, None  # the store holds more of the prompt than any sequence
+        for src, n in itertools.islice(self._sources(req), _FORK_TRIES):
             try:
-                seq = self.kc.seq_clone(src, upto=n)
+                return self.kc.seq_clone(src, upto=n), n, src
             except CacheError:
                 continue  # a ring layer no longer holds what the fork's next step needs
-            upto = n
-            break
-        if seq is None:
-            seq = self.kc.seq_new()
+        return self.kc.seq_new(), 0, None
+
+    def _take_over(self, seq: int, upto: int) -> tuple[int, int]:
+        """The cached ``seq`` cut back to its first ``upto`` tokens for a new request; freed for
+        a fresh sequence when the ring refuses the cut."""
+        del self._cached[seq]
+        self._held.remove(seq)
+        try:
+            self.kc.seq_rm(seq, upto)
+        except CacheError:
+            self.kc.seq_free(seq)
+            self._stats["evictions"] += 1
+            return self.kc.seq_new(), 0
+        return seq, upto
+
+    def _place(self, req: _Request, seq: int, upto: int, src: int | None) -> bool:
+        """Start ``req`` on ``seq`` (holding its first ``upto`` prompt tokens) if it fits,
+        evicting cached sequences as needed. Once its sources are evicted, a fork owns the cells
+        it shared: on an all-sliding model it then holds up to a ring's depth of cells that a
+        fresh prefill would not, so a fork that does not fit gives way to a fresh sequence."""
+        if not self._room_for(req, upto):
+            self.kc.seq_free(seq)
+            if not upto:
+                return False
+            seq, upto, src = self.kc.seq_new(), 0, None
+            if not self._room_for(req, 0):
+                self.kc.seq_free(seq)
+                return False
+        if src is not None:
+            self._stats["forks"] += 1
+            if src in self._cached:
+                self._cached.move_to_end(src)  # a fork source counts as used
+        self._start(req, seq, upto)
+        return True
+
+    def _room_for(self, req: _Request, upto: int) -> bool:
+        """Whether ``req`` forked at ``upto`` fits, evicting cached sequences as needed."""
         need = self._need(req.total - upto)
         while self._free_for_admission() < need and self._evict_one():
             pass
-        if self._free_for_admission() < need:
-            self.kc.seq_free(seq)
-            return False
+        return self._free_for_admission() >= need
+
+    def _start(self, req: _Request, seq: int, upto: int) -> None:
         if upto:
-            self._stats["forks"] += 1
             self._stats["prefix_tokens_reused"] += upto
         req.seq, req.fed, req.reused = seq, upto, upto
-        for s in [s for s, _ in sources if s in self._cached]:
-            self._cached.move_to_end(s)  # a fork source counts as used
-        return True
-
-    def _is_running(self, seq: int) -> bool:
-        return any(r.seq == seq for r in self._running)
+        self._held.insert(seq, req.prompt[:upto])
+        if upto < len(req.prompt):
+            self._prefilling.insert(req.rid, req.prompt)
 
     # -- drivers ----------------------------------------------------------------------------------
 
@@ -664,8 +817,15 @@ class BatchGenerator:
         finished since the last ``run``/``generate`` (and forgets them)."""
         while self.has_work:
             self.step()
-        done = {rid: r.generated for rid, r in self._finished.items()}
-        self._finished.clear()
+        return self.pop_finished()
+
+    def pop_finished(self) -> dict[int, list[int]]:
+        """``{rid: generated tokens}`` of the requests finished or cancelled since the last
+        ``run``/``generate``/``pop_finished``, which forgets them (a server stepping by itself
+        calls it to keep the record small)."""
+        with self._lock:
+            done = {rid: r.generated for rid, r in self._finished.items()}
+            self._finished.clear()
         return done
 
     def generate(
@@ -677,11 +837,13 @@ class BatchGenerator:
     ) -> list[list[int]]:
         """Generate for every prompt; returns the generated tokens in prompt order."""
         reqs = [self._request(p, max_new_tokens, eos_token_id, **sampling) for p in prompts]
-        self._waiting.extend(reqs)  # all validated first: a bad prompt queues nothing
-        done = self.run()
-        return [done[r.rid] for r in reqs]
+        with self._lock:
+            self._queue(reqs)  # all validated first: a bad prompt queues nothing
+        self.run()
+        return [r.generated for r in reqs]  # a request cancelled meanwhile: its tokens so far
 
     def clear_prefix_cache(self) -> None:
         """Free every cached finished sequence."""
-        while self._evict_one():
-            pass
+        with self._lock:
+            while self._evict_one():
+                pass
