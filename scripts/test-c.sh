@@ -101,6 +101,7 @@ build readme "$OUT/readme.c"
 build bad_input bindings/c/tests/bad_input.c
 build threads bindings/c/tests/threads.c
 build wrapper bindings/c/tests/wrapper.cpp
+build pool_memory bindings/c/tests/pool_memory.c
 build runner-c examples/c/runner.c
 build runner-cpp examples/cpp/runner.cpp
 # The allocation counter wraps the C allocator at link time: static library only.
@@ -116,11 +117,15 @@ FLAGS=(--prefix 37 --decode 10 --chunk 16 --layers 7 --window 12 --hidden 64 --q
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 
-for prog in readme bad_input threads wrapper; do
+for prog in readme bad_input threads wrapper pool_memory; do
     run "$prog" "$OUT/$prog"
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"
 done
+# The copy-growth fallback, forced: the same checks where they hold.
+run "pool_memory, pools grown by copying" "$OUT/pool_memory" grow
+run "pool_memory grow under valgrind (0 errors)" "${VG[@]}" "$OUT/pool_memory" grow
+run "pool_memory grow with AddressSanitizer" "$OUT/pool_memory-asan" grow
 
 rust_tokens() { # rust_tokens SEQS -> the generated list of the Rust runner
     "$LIBDIR/examples/runner" --seqs "$1" "${FLAGS[@]}" --dump "$OUT/rust-$1.json" >/dev/null &&

@@ -11,8 +11,11 @@ use crate::ptr::{overlaps, slice, span, span_of};
 use crate::status::{fail, okv_status, R};
 
 /// One layer's K and V pools, `[n_kv_heads, slots, head_dim]` float32
-/// row-major. Valid until the next mutating call on the cache (`_update` may
-/// grow the pools into new memory; `_free` releases them).
+/// row-major. Pools reserve their depth (`slots`) once, so the pointers stay
+/// valid until `_free` and read the rows later steps write (zeros after
+/// `_clear` or a `_trim` of their cells). Where the OS refused the
+/// reservation the pools grow by copying: then a view is valid only until
+/// the next mutating call (`_update` may move them).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct okv_pool_view {

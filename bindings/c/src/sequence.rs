@@ -366,7 +366,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_rewind(
     guard(|| unsafe { rewind(cache, new_len, "okv_kv_seq_cache_rewind") })
 }
 
-/// Forgets every token (pool memory is kept) and closes the step.
+/// Forgets every token, gives the pools' pages back to the OS and closes the step.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_clear(cache: *mut okv_kv_seq_cache) -> okv_status {
     guard(|| unsafe { clear(cache, "okv_kv_seq_cache_clear") })

@@ -120,7 +120,7 @@ pub unsafe extern "C" fn okv_kv_cell_cache_can_extend(
     guard(|| unsafe { verbs::can_extend(cache, n, out_ok, "okv_kv_cell_cache_can_extend") })
 }
 
-/// See `okv_cell_cache_clear` (pool memory is kept).
+/// See `okv_cell_cache_clear`; the pools' pages also go back to the OS.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_clear(cache: *mut okv_kv_cell_cache) -> okv_status {
     guard(|| unsafe { verbs::clear(cache, "okv_kv_cell_cache_clear") })
