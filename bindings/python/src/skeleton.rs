@@ -143,7 +143,7 @@ macro_rules! kv_methods {
             /// (the OS commits a page when a row on it is first written), the
             /// grown buffers otherwise. `nbytes()` is what the rows need.
             fn reserved_bytes(slf: &Bound<'_, Self>) -> PyResult<usize> {
-                crate::skeleton::read_kv(slf.as_super(), "reserved_bytes", |c| Ok(c.reserved()))
+                crate::skeleton::read_kv(slf.as_super(), "reserved_bytes", |c| Ok(crate::pools::KvPools::reserved(c)))
             }
             /// `"reserve"`: every pool reserved its depth once (growth never
             /// copies, views keep their address); `"grow"`: pools grow by
@@ -151,7 +151,7 @@ macro_rules! kv_methods {
             /// `OFFGRAPH_KV_POOLS=grow` asked for it).
             #[getter]
             fn pool_memory(slf: &Bound<'_, Self>) -> PyResult<&'static str> {
-                crate::skeleton::read_kv(slf.as_super(), "pool_memory", |c| Ok(c.memory()))
+                crate::skeleton::read_kv(slf.as_super(), "pool_memory", |c| Ok(crate::pools::KvPools::memory(c)))
             }
             $($items)*
         }
