@@ -45,7 +45,9 @@ def rss() -> int:
 
 
 def row_bytes(dtype: str, dim: int) -> int:
-    return {"float32": 4 * dim, "float16": 2 * dim, "bfloat16": 2 * dim, "q8_0": dim // 32 * 34}[dtype]
+    return {"float32": 4 * dim, "float16": 2 * dim, "bfloat16": 2 * dim, "q8_0": dim // 32 * 34}[
+        dtype
+    ]
 
 
 # ----------------------------------------------------------------------------- children
@@ -74,7 +76,11 @@ def child_decode(p: dict) -> dict:
             kv.update(i, k, k)
         times[t] = time.perf_counter_ns() - t0
         if t + 1 in p["marks"]:
-            marks[t + 1] = {"resident": rss() - base, "rows": per_token * (t + 1), "nbytes": kv.nbytes()}
+            marks[t + 1] = {
+                "resident": rss() - base,
+                "rows": per_token * (t + 1),
+                "nbytes": kv.nbytes(),
+            }
     peak = rss() - base
     ctl.clear()
     after = rss() - base
@@ -100,7 +106,9 @@ def child_hf(p: dict) -> dict:
     from offgraph_kv.hf import OffgraphCache
     from transformers import DynamicCache
 
-    spec = importlib.util.spec_from_file_location("bench_hf", pathlib.Path(__file__).with_name("bench_hf.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_hf", pathlib.Path(__file__).with_name("bench_hf.py")
+    )
     bench_hf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_hf)
     torch.set_num_threads(1)
@@ -110,7 +118,8 @@ def child_hf(p: dict) -> dict:
     h, d, ctx = cfg.num_key_value_heads, cfg.head_dim, p["context"]
     g = torch.Generator().manual_seed(0)
     rows = [
-        (torch.randn(1, h, ctx, d, generator=g).to(torch.bfloat16),) * 2 for _ in range(cfg.num_hidden_layers)
+        (torch.randn(1, h, ctx, d, generator=g).to(torch.bfloat16),) * 2
+        for _ in range(cfg.num_hidden_layers)
     ]
     base = rss()
     cache = DynamicCache(config=cfg) if p["cache"] == "DynamicCache" else OffgraphCache(cfg)
@@ -176,7 +185,9 @@ CHILDREN = {"decode": child_decode, "hf": child_hf, "cells": child_cells}
 def in_child(kind: str, params: dict, env: dict | None = None) -> dict:
     """Runs one part in a fresh interpreter and returns its result."""
     cmd = [sys.executable, __file__, "--child", json.dumps({"kind": kind, "params": params})]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    out = subprocess.run(
+        cmd, check=True, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -198,7 +209,11 @@ def run(quick: bool) -> dict:
             p = {**shape, "dtype": dtype, "tokens": upto, "marks": [m for m in marks if m <= upto]}
             r = in_child("decode", p, {"OFFGRAPH_KV_POOLS": memory})
             res["decode"][f"{dtype} {memory}"] = r
-            print(f"decode {dtype} {memory}: median {r['median_ms']:.3f} ms, worst {r['worst_ms']:.2f} ms", flush=True)
+            print(
+                f"decode {dtype} {memory}: median {r['median_ms']:.3f} ms, "
+                f"worst {r['worst_ms']:.2f} ms",
+                flush=True,
+            )
     for cache in ["DynamicCache", "OffgraphCache"]:
         r = in_child("hf", {"cache": cache, "context": hf_ctx, "steps": hf_steps})
         res["hf"][cache] = r
@@ -213,23 +228,26 @@ def table(res: dict) -> str:
     slack = s["layers"] * s["heads"] * 2 * PAGE  # one page per head per layer, K and V
     mib = 2**20
     lines = [
-        f"Decode token by token, {s['layers']} layers x {s['heads']} KV heads x {s['dim']}, capacity "
-        f"{s['capacity']}, one `update` per layer per token (float16 rows). `reserve`: the pools' "
+        f"Decode token by token, {s['layers']} layers x {s['heads']} KV heads x {s['dim']}, "
+        f"capacity {s['capacity']}, one `update` per layer per token (float16 rows). "
+        "`reserve`: the pools' "
         "memory model; `grow`: the copy-growth fallback (`OFFGRAPH_KV_POOLS=grow`, what every pool "
         "did before), run to the first mark past 8K.",
         "",
-        "| pools | median step (ms) | worst step (ms) | worst / median | worst at token | p99.9 / median |",
+        "| pools | median step (ms) | worst step (ms) | worst / median | worst at token "
+        "| p99.9 / median |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in res["decode"].items():
         lines.append(
-            f"| {name} | {r['median_ms']:.3f} | {r['worst_ms']:.2f} | {r['worst_ms'] / r['median_ms']:.1f}x "
+            f"| {name} | {r['median_ms']:.3f} | {r['worst_ms']:.2f} "
+            f"| {r['worst_ms'] / r['median_ms']:.1f}x "
             f"| {r['worst_at']} | {r['p999_ms'] / r['median_ms']:.1f}x |"
         )
     lines += [
         "",
-        f"Resident memory over the rows' bytes (target <= 1.05x plus {slack / mib:.0f} MiB, one page per head "
-        "per layer), and after `clear()` over the peak (target <= 1%):",
+        f"Resident memory over the rows' bytes (target <= 1.05x plus {slack / mib:.0f} MiB, "
+        "one page per head per layer), and after `clear()` over the peak (target <= 1%):",
         "",
         "| pools | tokens | rows (MiB) | resident (MiB) | resident / rows | `nbytes()` (MiB) |",
         "|---|---|---|---|---|---|",
@@ -247,15 +265,17 @@ def table(res: dict) -> str:
     hf = res["hf"]
     lines += [
         "",
-        "transformers (`benches/bench_hf.py`'s 4 x 1024 Llama, bfloat16, sdpa, 1 thread): filled by "
-        "`cache.update`, then decode steps through the model:",
+        "transformers (`benches/bench_hf.py`'s 4 x 1024 Llama, bfloat16, sdpa, 1 thread): "
+        "filled by `cache.update`, then decode steps through the model:",
         "",
-        "| cache | rows (MiB) | resident (MiB) | median step (ms) | worst step (ms) | worst / median |",
+        "| cache | rows (MiB) | resident (MiB) | median step (ms) | worst step (ms) "
+        "| worst / median |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in hf.items():
         lines.append(
-            f"| {name} | {r['rows'] / mib:.1f} | {r['resident'] / mib:.1f} | {r['median_ms']:.1f} | "
+            f"| {name} | {r['rows'] / mib:.1f} | {r['resident'] / mib:.1f} "
+            f"| {r['median_ms']:.1f} | "
             f"{r['worst_ms']:.1f} | {r['worst_ms'] / r['median_ms']:.1f}x |"
         )
     lines += [
@@ -263,7 +283,8 @@ def table(res: dict) -> str:
         "Cell cache: sequences prefilled in 512-token chunks round-robin, all but one freed, then "
         "`trim()` (target: resident <= 1.1x the survivor's rows):",
         "",
-        "| dtype | resident full (MiB) | before trim | after trim | survivor's rows | after / rows |",
+        "| dtype | resident full (MiB) | before trim | after trim | survivor's rows "
+        "| after / rows |",
         "|---|---|---|---|---|---|",
     ]
     for dtype, r in res["cells"].items():
@@ -277,7 +298,9 @@ def table(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a small shape (CI), nothing written unless --out")
+    ap.add_argument(
+        "--quick", action="store_true", help="a small shape (CI), nothing written unless --out"
+    )
     ap.add_argument("--out", default=None, help="path prefix of the .json/.md written")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -122,7 +122,9 @@ def test_trim_keeps_every_live_row(memory, dtype):
         for s in seqs:
             b.begin_step([s] * 50, list(range(chunk * 50, chunk * 50 + 50)))
             for layer in range(2):
-                kc.update(layer, *(rng.standard_normal((2, 50, 32)).astype(np.float32) for _ in range(2)))
+                kc.update(
+                    layer, *(rng.standard_normal((2, 50, 32)).astype(np.float32) for _ in range(2))
+                )
     survivor = seqs[1]
     q = rng.standard_normal((4, 1, 32)).astype(np.float32)
     k1 = rng.standard_normal((2, 1, 32)).astype(np.float32)
