@@ -243,8 +243,8 @@ fn reservation_keeps_addresses_and_views_see_later_rows() {
             c.update(layer, &last, &rows(&mut rng, 1)).unwrap();
         }
     }
-    for l in 0..2 {
-        assert_eq!(c.pool(l).unwrap().k().bytes.as_ptr() as usize, base[l]);
+    for (l, &b) in base.iter().enumerate() {
+        assert_eq!(c.pool(l).unwrap().k().bytes.as_ptr() as usize, b);
     }
     // Head 1's row 9999 of layer 1, through the buffer taken at step 1.
     let slots = c.pool(1).unwrap().slots();

@@ -147,7 +147,7 @@ impl Buffer {
         let hi = if end == self.len {
             end
         } else {
-            end.saturating_sub(end % page)
+            end.checked_rem(page).map_or(end, |r| end.saturating_sub(r))
         };
         if lo < hi {
             dont_need(map, lo, hi.saturating_sub(lo));

@@ -61,8 +61,7 @@ impl KvCellCache {
     /// O(n_cells x heads) per layer: call it after freeing sequences, not per
     /// step. A pool that grows by copying keeps its memory until `clear`.
     pub fn trim(&mut self) -> Result<()> {
-        let mut by_table: Vec<Option<(Vec<(usize, usize)>, usize)>> =
-            vec![None; self.cells.n_tables()];
+        let mut by_table: Vec<Option<FreeRuns>> = vec![None; self.cells.n_tables()];
         for layer in 0..self.cells.config().n_layers {
             let table = self.cells.table_of(layer)?;
             let runs = match by_table.get_mut(table) {
@@ -145,6 +144,9 @@ impl KvCellCache {
         self.cells.dense_mask(layer)
     }
 }
+
+/// A table's free cell runs `(first, count)` and one past its highest occupied cell.
+type FreeRuns = (Vec<(usize, usize)>, usize);
 
 /// `(first cell, count)` runs of consecutive tokens in consecutive cells, so
 /// each run is one copy per head.
