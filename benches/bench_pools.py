@@ -117,11 +117,13 @@ def child_hf(p: dict) -> dict:
     cfg = model.config
     h, d, ctx = cfg.num_key_value_heads, cfg.head_dim, p["context"]
     g = torch.Generator().manual_seed(0)
+    # Measured from before the rows exist, K and V distinct: DynamicCache keeps the tensors it is
+    # given, OffgraphCache copies them into its pools and they are freed.
+    base = rss()
     rows = [
-        (torch.randn(1, h, ctx, d, generator=g).to(torch.bfloat16),) * 2
+        tuple(torch.randn(1, h, ctx, d, generator=g).to(torch.bfloat16) for _ in range(2))
         for _ in range(cfg.num_hidden_layers)
     ]
-    base = rss()
     cache = DynamicCache(config=cfg) if p["cache"] == "DynamicCache" else OffgraphCache(cfg)
     for i, (k, v) in enumerate(rows):
         cache.update(k, v, i)
