@@ -149,9 +149,9 @@ def table(dtype: str, steps: int, results: dict[int, dict]) -> str:
     lines += [
         "",
         "Every cache holds context + decode steps tokens. StaticCache is allocated for exactly "
-        "that many; OffgraphCache pools double from `initial_capacity` (256) up to "
-        "`max_cache_len`, so one token past a power of two doubles them (and the first decode "
-        "step past it pays the copy: see `warmup_ms` in the JSON).",
+        "that many; OffgraphCache pools reserve `max_cache_len` rows of address space once and "
+        "the OS commits a page when a row on it is first written, so they hold the rows' bytes "
+        "(`nbytes()`) and no step pays a copy (see `benches/bench_pools.py`).",
     ]
     return "\n".join(lines) + "\n"
 

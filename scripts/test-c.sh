@@ -106,6 +106,7 @@ build statuses bindings/c/tests/statuses.c
 build exchange bindings/c/tests/exchange.c
 build threads bindings/c/tests/threads.c
 build wrapper bindings/c/tests/wrapper.cpp
+build pool_memory bindings/c/tests/pool_memory.c
 build runner-c examples/c/runner.c
 build runner-cpp examples/cpp/runner.cpp
 # The allocation counter wraps the C allocator at link time: static library only.
@@ -121,11 +122,15 @@ FLAGS=(--prefix 37 --decode 10 --chunk 16 --layers 7 --window 12 --hidden 64 --q
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 
-for prog in readme bad_input dtypes statuses threads wrapper; do
+for prog in readme bad_input dtypes statuses threads wrapper pool_memory; do
     run "$prog" "$OUT/$prog"
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"
 done
+# The copy-growth fallback, forced: the same checks where they hold.
+run "pool_memory, pools grown by copying" "$OUT/pool_memory" grow
+run "pool_memory grow under valgrind (0 errors)" "${VG[@]}" "$OUT/pool_memory" grow
+run "pool_memory grow with AddressSanitizer" "$OUT/pool_memory-asan" grow
 
 # Snapshots cross languages: C writes, Python compares the bytes with its own
 # and loads them, then C loads Python's (plain and under valgrind).

@@ -28,7 +28,7 @@ pub use config::{CacheConfig, LayerConfig, LayerPolicy};
 pub use dtype::{KvDtype, KvRows, RowsIn};
 pub use error::{CacheError, Result};
 pub use kv::snapshot::{snapshot_info, SnapshotInfo};
-pub use kv::{KvCellCache, KvSequenceCache};
+pub use kv::{KvCellCache, KvSequenceCache, PoolMemory};
 pub use runs::{MaskKind, Run, Runs};
 pub use sequence::{SeqStepPlan, SequenceCache};
 pub use spec::{AttendSpec, KeyLayout};

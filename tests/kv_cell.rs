@@ -11,7 +11,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::Rng;
-use offgraph_kv::{CacheConfig, CacheError, KeyLayout, KvCellCache, LayerConfig, LayerPolicy};
+use offgraph_kv::{
+    CacheConfig, CacheError, KeyLayout, KvCellCache, LayerConfig, LayerPolicy, PoolMemory,
+};
 
 const HEADS: usize = 2;
 const DIM: usize = 2;
@@ -30,7 +32,9 @@ fn run(seed: u64, policies: &[LayerPolicy], n_cells: usize, ops: usize) -> (usiz
     let mut cfg = CacheConfig::new(4096, layers.len(), layers);
     cfg.max_step = 6;
     cfg.initial_capacity = 1;
-    let mut c = KvCellCache::new(cfg.clone(), n_cells, 8).unwrap();
+    // The copy-growth fallback: this test counts its doublings (the reserved
+    // pools run the same traffic in tests/pool_memory.rs and the fuzz suite).
+    let mut c = KvCellCache::with_memory(cfg.clone(), n_cells, 8, PoolMemory::Grow).unwrap();
     let mut model: Model = BTreeMap::new();
     let (mut steps, mut doublings) = (0, 0);
     let mut last_slots = vec![1usize; policies.len()];
@@ -155,7 +159,9 @@ fn run(seed: u64, policies: &[LayerPolicy], n_cells: usize, ops: usize) -> (usiz
                         doublings += 1;
                         last_slots[layer] = slots;
                     }
-                    assert_eq!(c.nbytes(layer).unwrap(), 2 * HEADS * slots * DIM * 4);
+                    let rows = c.pool(layer).unwrap().rows();
+                    assert!(rows <= slots);
+                    assert_eq!(c.nbytes(layer).unwrap(), 2 * HEADS * rows * DIM * 4);
                     assert!(slots <= n_cells, "pool beyond its cell table");
                 }
             }

@@ -8,7 +8,9 @@
 mod common;
 
 use common::Rng;
-use offgraph_kv::{CacheConfig, CacheError, KeyLayout, KvSequenceCache, LayerConfig, LayerPolicy};
+use offgraph_kv::{
+    CacheConfig, CacheError, KeyLayout, KvSequenceCache, LayerConfig, LayerPolicy, PoolMemory,
+};
 
 const HEADS: usize = 2;
 const DIM: usize = 3;
@@ -20,9 +22,16 @@ fn rows(rng: &mut Rng, t: usize) -> Vec<f32> {
     (0..HEADS * t * DIM).map(|_| rng.f32()).collect()
 }
 
+/// Drives both pool memories (the reservation and the copy-growth fallback)
+/// through `steps`; returns the fallback's doublings.
 fn drive(cfg: CacheConfig, steps: &[usize], seed: u64) -> usize {
+    assert_eq!(drive_in(cfg.clone(), steps, seed, PoolMemory::Reserve), 0);
+    drive_in(cfg, steps, seed, PoolMemory::Grow)
+}
+
+fn drive_in(cfg: CacheConfig, steps: &[usize], seed: u64, memory: PoolMemory) -> usize {
     let mut rng = Rng::new(seed);
-    let mut cache = KvSequenceCache::new(cfg.clone()).unwrap();
+    let mut cache = KvSequenceCache::with_memory(cfg.clone(), memory).unwrap();
     let mut hist = History(vec![vec![Vec::new(); HEADS]; cfg.n_layers]);
     let mut doublings = 0;
     let mut last_slots: Vec<usize> = (0..cfg.n_layers)
@@ -85,8 +94,9 @@ fn drive(cfg: CacheConfig, steps: &[usize], seed: u64) -> usize {
                 doublings += 1;
                 last_slots[layer] = slots;
             }
-            let bytes = cache.nbytes(layer).unwrap();
-            assert_eq!(bytes, 2 * HEADS * slots * DIM * 4);
+            let rows = cache.pool(layer).unwrap().rows();
+            assert!(rows <= slots);
+            assert_eq!(cache.nbytes(layer).unwrap(), 2 * HEADS * rows * DIM * 4);
         }
     }
     doublings

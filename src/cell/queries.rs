@@ -90,4 +90,23 @@ impl CellCache {
         }
         Ok(out)
     }
+
+    /// Runs `(first cell, count)` of the free cells of `table`, in order, and
+    /// one past its highest occupied cell. O(n_cells): for `trim`, not a step.
+    pub fn free_runs(&self, table: usize) -> Result<(Vec<(usize, usize)>, usize)> {
+        let t = self.table_ref(table)?;
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut used_end = 0usize;
+        for (cell, &p) in t.pos.iter().enumerate() {
+            if p != FREE {
+                used_end = cell.saturating_add(1);
+                continue;
+            }
+            match runs.last_mut() {
+                Some((start, n)) if start.saturating_add(*n) == cell => *n = n.saturating_add(1),
+                _ => runs.push((cell, 1)),
+            }
+        }
+        Ok((runs, used_end))
+    }
 }

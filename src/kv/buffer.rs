@@ -1,51 +1,57 @@
 //! A fixed-size byte buffer shared between a pool and the views handed out of it.
 //!
-//! The pool writes into it in place (through `&mut Pool`); read-only views
-//! (Python numpy arrays) hold an `Arc` so the memory outlives growth, `clear`
-//! and the cache itself. Growth allocates a new buffer; old views keep the old
-//! one, whose bytes no longer change.
+//! Two kinds of memory back it:
+//! - a **reservation** ([`Buffer::reserve`]): an anonymous private mapping of
+//!   the pool's whole depth made without reserving swap (`MAP_NORESERVE` on
+//!   Linux). The OS commits a page the first time a row on it is written, and
+//!   [`Buffer::release`] hands pages back (`MADV_DONTNEED`: they read as zeros
+//!   afterwards and cost nothing until written again). The address never
+//!   changes, so growth moves no byte and views never go stale;
+//! - **heap** memory ([`Buffer::zeroed`]) for pools that grow by copying, where
+//!   the OS refuses the reservation (strict overcommit, a small address space)
+//!   or the fallback is asked for.
 //!
-//! The memory is 64-byte aligned, so a float32 pool can be read as `f32` and
-//! a half pool as `u16` in place.
+//! The pool writes into it in place (through `&mut Pool`); read-only views
+//! (Python numpy arrays) hold an `Arc`, so the memory outlives growth, `clear`
+//! and the cache itself. The memory is at least 64-byte aligned, so a float32
+//! pool can be read as `f32` and a half pool as `u16` in place.
 
 use std::alloc::Layout;
 use std::sync::Arc;
 
 use crate::error::{CacheError, Result};
 
-/// Alignment of every buffer (a cache line; enough for any element type).
+/// Alignment of every heap buffer (a cache line; enough for any element type).
 const ALIGN: usize = 64;
 
-/// Heap memory for `len` bytes, freed when the last `Arc` goes.
+/// Memory for `len` bytes, freed (or unmapped) when the last `Arc` goes.
 #[derive(Debug)]
 pub struct Buffer {
     ptr: *mut u8,
     len: usize,
+    /// The mapping of a reservation; `None` for heap memory.
+    map: Option<memmap2::MmapMut>,
 }
 
-// SAFETY: the buffer is plain memory. Writes happen only through
-// `Pool::write_rows`, which requires `&mut Pool` (the only writer); readers
-// either borrow the pool (Rust) or hold an `Arc` and read through numpy
-// (Python), which the docs state may observe rows a later step writes.
+// SAFETY: the buffer is plain memory. Writes (and page releases) happen only
+// through `Pool`, which requires `&mut Pool` (the only writer); readers either
+// borrow the pool (Rust) or hold an `Arc` and read through numpy (Python),
+// which the docs state may observe rows a later step writes.
 unsafe impl Send for Buffer {}
 // SAFETY: see `Send`; shared access is read-only apart from the documented writer.
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    /// A zero-filled buffer of `len` bytes; `OutOfCapacity` when the allocator
-    /// refuses it (a huge but valid config must not abort the process). Zeroed
-    /// pages come from the allocator (`alloc_zeroed`), so a large pool is not
-    /// touched until rows are written.
+    /// A zero-filled heap buffer of `len` bytes; `OutOfCapacity` when the
+    /// allocator refuses it (a huge but valid config must not abort the
+    /// process). Zeroed pages come from the allocator (`alloc_zeroed`), so a
+    /// large buffer is not touched until rows are written.
     pub fn zeroed(len: usize) -> Result<Arc<Self>> {
         let refuse = |why: &str| {
             CacheError::OutOfCapacity(format!("pool: cannot allocate {len} bytes: {why}"))
         };
         if len == 0 {
-            return Ok(Arc::new(Buffer {
-                // A dangling but aligned pointer: every typed view of it is valid and empty.
-                ptr: std::ptr::without_provenance_mut(ALIGN),
-                len,
-            }));
+            return Ok(Arc::new(Self::empty()));
         }
         let layout = Layout::from_size_align(len, ALIGN).map_err(|_| refuse("size overflows"))?;
         // SAFETY: the layout has a non-zero size (len > 0).
@@ -53,16 +59,59 @@ impl Buffer {
         if ptr.is_null() {
             return Err(refuse("the allocator refused"));
         }
-        Ok(Arc::new(Buffer { ptr, len }))
+        Ok(Arc::new(Buffer {
+            ptr,
+            len,
+            map: None,
+        }))
     }
 
-    /// Bytes held.
+    /// An address range of `len` bytes reserved without committing memory:
+    /// pages read as zeros and are committed when first written. `Err` (with
+    /// the OS's reason) when the OS refuses, or on a platform where a
+    /// reservation would commit memory up front (then pools grow by copying).
+    pub fn reserve(len: usize) -> std::result::Result<Arc<Self>, String> {
+        if len == 0 {
+            return Ok(Arc::new(Self::empty()));
+        }
+        if !cfg!(unix) {
+            return Err("no lazily committed anonymous mappings on this platform".into());
+        }
+        let mut map = memmap2::MmapOptions::new()
+            .len(len)
+            .no_reserve_swap()
+            .map_anon()
+            .map_err(|e| e.to_string())?;
+        let ptr = map.as_mut_ptr();
+        Ok(Arc::new(Buffer {
+            ptr,
+            len,
+            map: Some(map),
+        }))
+    }
+
+    /// An empty buffer: a dangling but aligned pointer, so every typed view
+    /// of it is valid and empty.
+    fn empty() -> Self {
+        Buffer {
+            ptr: std::ptr::without_provenance_mut(ALIGN),
+            len: 0,
+            map: None,
+        }
+    }
+
+    /// Bytes held (for a reservation: address space, not committed memory).
     pub fn len(&self) -> usize {
         self.len
     }
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether this is a reservation (pages committed on first write).
+    pub fn is_reserved(&self) -> bool {
+        self.map.is_some()
     }
 
     /// The first byte (64-byte aligned).
@@ -76,15 +125,68 @@ impl Buffer {
 
     /// The whole buffer as bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        // SAFETY: ptr/len describe one live allocation owned by self; writers
-        // need `&mut Pool`, which cannot coexist with this borrow of the pool.
+        // SAFETY: ptr/len describe one live allocation or mapping owned by
+        // self; writers need `&mut Pool`, which cannot coexist with this
+        // borrow of the pool.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
+
+    /// Gives the whole pages inside bytes `[start, end)` of a reservation
+    /// back to the OS; they read as zeros afterwards. Bytes of partly covered
+    /// pages are kept. A heap buffer keeps its memory (nothing happens).
+    /// Callers hold `&mut Pool`, the only writer (see `Send`).
+    pub(crate) fn release(&self, start: usize, end: usize) {
+        let Some(map) = &self.map else {
+            return;
+        };
+        let page = page_size();
+        let end = end.min(self.len);
+        // The mapping starts on a page, so offsets align as addresses do. Its
+        // last page is whole to the OS, so the very end needs no rounding.
+        let lo = start.div_ceil(page).saturating_mul(page);
+        let hi = if end == self.len {
+            end
+        } else {
+            end.checked_rem(page).map_or(end, |r| end.saturating_sub(r))
+        };
+        if lo < hi {
+            dont_need(map, lo, hi.saturating_sub(lo));
+        }
+    }
+}
+
+/// Gives pages `[lo, lo + len)` of `map` back to the OS.
+#[cfg(unix)]
+fn dont_need(map: &memmap2::MmapMut, lo: usize, len: usize) {
+    // SAFETY: the caller passes a range inside the mapping that starts on a
+    // page and ends on a page or at the mapping's end, so no byte outside it
+    // changes. The pages read as zeros afterwards, which every reader of these
+    // bytes may observe: the released rows belong to nothing the cache holds.
+    // An error (which the OS does not give for a valid private anonymous
+    // range) only means the memory stays committed.
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, len) };
+}
+
+#[cfg(not(unix))]
+fn dont_need(_: &memmap2::MmapMut, _: usize, _: usize) {}
+
+/// The OS page size (4 KiB where it cannot be read).
+#[cfg(unix)]
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+#[cfg(not(unix))]
+fn page_size() -> usize {
+    4096
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.len == 0 {
+        if self.len == 0 || self.map.is_some() {
+            // A mapping is unmapped by its own drop.
             return;
         }
         if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {

@@ -1,8 +1,11 @@
 //! `KvCellCache`: a `CellCache` plus one K/V pool per layer, indexed by the
 //! cells of the table that layer reads (flat layers: the full table; ring
-//! layers: the ring table). Pools double up to `n_cells` rows.
+//! layers: the ring table). Pools reserve `n_cells` rows (see the memory
+//! model in [`Pool`](super::Pool)); placement takes the lowest free cell, so
+//! the pages written track the cells in use, and [`KvCellCache::trim`] gives
+//! back the pages of cells freed since.
 
-use super::{pool_faces, pool_spec, write_step, LayerPools};
+use super::{pool_faces, pool_spec, write_step, LayerPools, PoolMemory};
 use crate::cell::{CellCache, CellStepPlan, SeqId};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
@@ -25,12 +28,51 @@ pub struct KvCellCache {
 impl KvCellCache {
     pool_faces!(cells: CellCache);
 
+    /// Pools in the memory [`PoolMemory::from_env`] names (a reservation by default).
     pub fn new(cfg: CacheConfig, n_cells: usize, n_seq_max: usize) -> Result<Self> {
+        Self::with_memory(cfg, n_cells, n_seq_max, PoolMemory::from_env())
+    }
+
+    /// Pools in `memory` (`Grow` forces the fallback).
+    pub fn with_memory(
+        cfg: CacheConfig,
+        n_cells: usize,
+        n_seq_max: usize,
+        memory: PoolMemory,
+    ) -> Result<Self> {
         let cells = CellCache::new(cfg, n_cells, n_seq_max)?;
         let cfg = cells.config();
         // Every layer's pool is indexed by the cells of its table: n_cells deep.
-        let pools = LayerPools::new(cfg, |_, _| Ok(n_cells))?;
+        let pools = LayerPools::new(cfg, memory, |_, _| Ok(n_cells))?;
         Ok(KvCellCache { cells, pools })
+    }
+
+    /// Frees every cell, retires every id (see [`CellCache::clear`]) and
+    /// gives the pools' pages back to the OS.
+    pub fn clear(&mut self) {
+        self.cells.clear();
+        self.pools.release_all();
+    }
+
+    /// Gives back the whole pages of every layer's pool that no occupied
+    /// cell of the layer's table touches (rows of freed cells read as zeros
+    /// afterwards), and lowers each pool's high-water mark to its highest
+    /// occupied cell. Changes no bookkeeping, so an open step stays open.
+    /// O(n_cells x heads) per layer: call it after freeing sequences, not per
+    /// step. A pool that grows by copying keeps its memory until `clear`.
+    pub fn trim(&mut self) -> Result<()> {
+        let mut by_table: Vec<Option<FreeRuns>> = vec![None; self.cells.n_tables()];
+        for layer in 0..self.cells.config().n_layers {
+            let table = self.cells.table_of(layer)?;
+            let runs = match by_table.get_mut(table) {
+                Some(Some(r)) => r,
+                Some(slot) => slot.insert(self.cells.free_runs(table)?),
+                None => continue,
+            };
+            let (free, used_end) = (&runs.0, runs.1);
+            self.pools.get_mut(layer)?.release_runs(free, used_end);
+        }
+        Ok(())
     }
 
     /// The bookkeeping, read-only.
@@ -82,11 +124,11 @@ impl KvCellCache {
         let plan = self.cells.plan(layer)?;
         let (offsets, runs) = self.cells.runs(layer)?;
         let pool = self.pool(layer)?;
-        if plan.read_len() > pool.slots() {
+        if plan.read_len() > pool.rows() {
             return Err(CacheError::StepProtocol(format!(
                 "spec: layer {layer} was not updated this step (read extent {} beyond its pool of {} rows)",
                 plan.read_len(),
-                pool.slots()
+                pool.rows()
             )));
         }
         let keys = KeyLayout::Cells {
@@ -102,6 +144,9 @@ impl KvCellCache {
         self.cells.dense_mask(layer)
     }
 }
+
+/// A table's free cell runs `(first, count)` and one past its highest occupied cell.
+type FreeRuns = (Vec<(usize, usize)>, usize);
 
 /// `(first cell, count)` runs of consecutive tokens in consecutive cells, so
 /// each run is one copy per head.

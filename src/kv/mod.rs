@@ -1,7 +1,9 @@
 //! The byte layer: per-layer K/V pools behind the neutral caches.
 //!
 //! It knows bytes, never policy: where rows go comes from the neutral layer's
-//! plans. Allocation happens only when a pool grows, never per step.
+//! plans. Pools reserve their depth once and the OS commits pages as rows are
+//! written (see [`pool`](Pool) for the memory model and its fallback), so no
+//! step allocates or copies for another's growth.
 
 mod buffer;
 mod cell;
@@ -12,7 +14,7 @@ pub mod snapshot;
 
 pub use buffer::Buffer;
 pub use cell::KvCellCache;
-pub use pool::{Pool, Side};
+pub use pool::{Pool, PoolMemory, Side, POOLS_ENV};
 pub use pools::LayerPools;
 pub use seq::KvSequenceCache;
 
@@ -43,14 +45,26 @@ macro_rules! pool_faces {
             (&mut self.$book, &mut self.pools)
         }
 
-        /// Bytes the pools of `layer` hold.
+        /// Bytes the rows of `layer`'s pools need at the high-water mark.
         pub fn nbytes(&self, layer: usize) -> $crate::error::Result<usize> {
             self.pools.nbytes(layer)
         }
 
-        /// Bytes all pools hold.
+        /// Bytes the rows of all pools need at their high-water marks.
         pub fn nbytes_total(&self) -> usize {
             self.pools.nbytes_total()
+        }
+
+        /// Address space all pools hold: their whole depth when reserved
+        /// (committed only where rows were written), else the grown buffers.
+        pub fn reserved_bytes(&self) -> usize {
+            self.pools.reserved_bytes_total()
+        }
+
+        /// How the pools hold their rows: `Reserve` unless a reservation
+        /// was refused or the fallback asked for (`OFFGRAPH_KV_POOLS=grow`).
+        pub fn pool_memory(&self) -> $crate::kv::PoolMemory {
+            self.pools.memory()
         }
 
         /// [`Self::update`] with rows in any input type ([`RowsIn`](crate::RowsIn):

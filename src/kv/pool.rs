@@ -1,25 +1,82 @@
 //! One layer's K and V pools: `[n_kv_heads, slots, row]` rows stored in the
-//! config's dtypes (`row` = `dtype.row_bytes(head_dim)` bytes), growing by
-//! doubling from `initial_capacity` up to the layer's depth.
+//! config's dtypes (`row` = `dtype.row_bytes(head_dim)` bytes).
+//!
+//! **Memory model.** A pool reserves address space for its whole depth once
+//! ([`PoolMemory::Reserve`]): `slots`, the row stride, is the depth from the
+//! start, and the OS commits a page when a row on it is first written, so
+//! growth never copies or moves a byte and a view keeps its address. `clear`
+//! gives every page back and a cell cache's `trim` the pages of free cells.
+//! Where the OS refuses the reservation (or `OFFGRAPH_KV_POOLS=grow` asks for
+//! it) a pool falls back to [`PoolMemory::Grow`]: heap buffers doubling from
+//! `initial_capacity` up to the depth, each growth a copy to a wider stride;
+//! the refusal is said once on stderr, and [`Pool::memory`] tells which.
 //!
 //! Rows are reached through a small typed API ([`Pool::k`], [`Pool::k_row`],
 //! [`Pool::write_rows_in`], ...), never by element arithmetic outside this file,
 //! so every pool dtype shares one layout rule: head `h`'s row `s` starts at
 //! byte `(h * slots + s) * row_bytes`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 use super::buffer::Buffer;
 use crate::dtype::{encode, KvDtype, KvRows, RowsIn};
 use crate::error::{CacheError, Result};
+
+/// How a pool holds its rows (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMemory {
+    /// The whole depth reserved once, pages committed as rows are written.
+    Reserve,
+    /// Heap buffers grown by doubling and copying (the fallback).
+    Grow,
+}
+
+/// The environment variable that forces the fallback: `OFFGRAPH_KV_POOLS=grow`.
+pub const POOLS_ENV: &str = "OFFGRAPH_KV_POOLS";
+
+impl PoolMemory {
+    /// What new pools ask for: [`PoolMemory::Grow`] when `OFFGRAPH_KV_POOLS`
+    /// is `grow`, else [`PoolMemory::Reserve`].
+    pub fn from_env() -> Self {
+        match std::env::var(POOLS_ENV) {
+            Ok(v) if v.eq_ignore_ascii_case("grow") => PoolMemory::Grow,
+            _ => PoolMemory::Reserve,
+        }
+    }
+
+    /// `"reserve"` or `"grow"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolMemory::Reserve => "reserve",
+            PoolMemory::Grow => "grow",
+        }
+    }
+}
+
+/// Says once per process that a reservation was refused.
+fn say_refused(bytes: usize, why: &str) {
+    static SAID: Once = Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "offgraph-kv: the OS refused to reserve {bytes} bytes for a K/V pool ({why}); \
+             pools that cannot reserve their depth grow by doubling and copying instead"
+        );
+    });
+}
 
 /// K and V storage of one layer.
 #[derive(Debug)]
 pub struct Pool {
     n_heads: usize,
     head_dim: usize,
+    /// The row stride: the depth for a reservation, the grown size otherwise.
     slots: usize,
     depth: usize,
+    /// Rows written since the last clear: one past the highest (high-water).
+    rows: usize,
+    /// Slots a grown pool starts (and restarts after `clear`) with.
+    initial: usize,
+    memory: PoolMemory,
     k_dtype: KvDtype,
     v_dtype: KvDtype,
     k: Arc<Buffer>,
@@ -48,12 +105,8 @@ impl Pool {
         )
     }
 
-    /// A pool of `initial` slots (clamped to `depth`) storing K as `k_dtype`
-    /// and V as `v_dtype`. Sizes are bounded by `CacheConfig::validate`, so
-    /// the products below cannot overflow.
-    // Sizes bounded by CacheConfig::validate: n_heads <= 2^12, slots <= depth <=
-    // 2^31, row bytes <= 4 * 2^16, so n_heads * slots * row < 2^61.
-    #[allow(clippy::arithmetic_side_effects)]
+    /// A pool storing K as `k_dtype` and V as `v_dtype`, in the memory
+    /// [`PoolMemory::from_env`] names (see [`Pool::with_memory`]).
     pub fn with_dtypes(
         n_heads: usize,
         head_dim: usize,
@@ -62,20 +115,86 @@ impl Pool {
         k_dtype: KvDtype,
         v_dtype: KvDtype,
     ) -> Result<Self> {
-        k_dtype.check_head_dim(head_dim)?;
-        v_dtype.check_head_dim(head_dim)?;
-        let slots = initial.clamp(1, depth.max(1));
-        Ok(Pool {
+        Self::with_memory(
             n_heads,
             head_dim,
-            slots,
+            initial,
             depth,
             k_dtype,
             v_dtype,
-            k: Buffer::zeroed(n_heads * slots * k_dtype.row_bytes(head_dim))?,
-            v: Buffer::zeroed(n_heads * slots * v_dtype.row_bytes(head_dim))?,
+            PoolMemory::from_env(),
+        )
+    }
+
+    /// A pool `depth` rows deep storing K as `k_dtype` and V as `v_dtype`.
+    /// [`PoolMemory::Reserve`] reserves the depth (falling back to growth
+    /// when the OS refuses); [`PoolMemory::Grow`] starts at `initial` slots
+    /// (clamped to `depth`). `OutOfCapacity` when the depth's bytes overflow
+    /// `usize` or an allocation is refused.
+    pub fn with_memory(
+        n_heads: usize,
+        head_dim: usize,
+        initial: usize,
+        depth: usize,
+        k_dtype: KvDtype,
+        v_dtype: KvDtype,
+        memory: PoolMemory,
+    ) -> Result<Self> {
+        k_dtype.check_head_dim(head_dim)?;
+        v_dtype.check_head_dim(head_dim)?;
+        let initial = initial.clamp(1, depth.max(1));
+        let bytes = |slots: usize, dtype: KvDtype| {
+            n_heads
+                .checked_mul(slots)
+                .and_then(|x| x.checked_mul(dtype.row_bytes(head_dim)))
+                .ok_or_else(|| {
+                    CacheError::OutOfCapacity(format!(
+                        "pool: {n_heads} heads x {slots} rows of {head_dim} values overflow the address space"
+                    ))
+                })
+        };
+        // Checked for both memories: a grown pool may reach its depth.
+        let (k_full, v_full) = (bytes(depth, k_dtype)?, bytes(depth, v_dtype)?);
+        let mut pool = Pool {
+            n_heads,
+            head_dim,
+            slots: initial,
+            depth,
+            rows: 0,
+            initial,
+            memory: PoolMemory::Grow,
+            k_dtype,
+            v_dtype,
+            k: Buffer::zeroed(0)?,
+            v: Buffer::zeroed(0)?,
             tmp: vec![0.0; head_dim],
-        })
+        };
+        if memory == PoolMemory::Reserve {
+            match Buffer::reserve(k_full).and_then(|k| Ok((k, Buffer::reserve(v_full)?))) {
+                Ok((k, v)) => {
+                    pool.k = k;
+                    pool.v = v;
+                    pool.slots = depth.max(1);
+                    pool.memory = PoolMemory::Reserve;
+                    return Ok(pool);
+                }
+                Err(why) => say_refused(k_full.saturating_add(v_full), &why),
+            }
+        }
+        pool.k = Buffer::zeroed(bytes(initial, k_dtype)?)?;
+        pool.v = Buffer::zeroed(bytes(initial, v_dtype)?)?;
+        Ok(pool)
+    }
+
+    /// How this pool holds its rows (a refused reservation reads `Grow`).
+    pub fn memory(&self) -> PoolMemory {
+        self.memory
+    }
+
+    /// Rows written since the last clear: one past the highest slot written
+    /// or made room for (a cell cache's `trim` lowers it to its live cells).
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
     pub fn slots(&self) -> usize {
@@ -115,9 +234,69 @@ impl Pool {
         self.dtype(side).row_bytes(self.head_dim)
     }
 
-    /// Bytes the K and V buffers hold.
+    /// Bytes the rows need at the high-water mark ([`Pool::rows`] rows of
+    /// every head, K and V).
     pub fn nbytes(&self) -> usize {
+        let row = self
+            .row_bytes(Side::K)
+            .saturating_add(self.row_bytes(Side::V));
+        self.n_heads.saturating_mul(self.rows).saturating_mul(row)
+    }
+
+    /// Address space the K and V buffers hold: the whole depth for a
+    /// reservation (committed only where written), the grown size otherwise.
+    pub fn reserved_bytes(&self) -> usize {
         self.k.len().saturating_add(self.v.len())
+    }
+
+    /// Gives every page back (the rows read as zeros); a grown pool returns
+    /// to its initial size. Views keep their memory alive, and a view of a
+    /// reservation reads the zeros and whatever later steps write.
+    pub fn release_all(&mut self) {
+        self.rows = 0;
+        if self.memory == PoolMemory::Reserve {
+            self.k.release(0, self.k.len());
+            self.v.release(0, self.v.len());
+            return;
+        }
+        if self.slots > self.initial {
+            let (rk, rv) = (self.row_bytes(Side::K), self.row_bytes(Side::V));
+            let len = |row: usize| {
+                self.n_heads
+                    .saturating_mul(self.initial)
+                    .saturating_mul(row)
+            };
+            // A refused allocation keeps the grown buffers: clear cannot fail.
+            if let (Ok(k), Ok(v)) = (Buffer::zeroed(len(rk)), Buffer::zeroed(len(rv))) {
+                self.k = k;
+                self.v = v;
+                self.slots = self.initial;
+            }
+        }
+    }
+
+    /// Gives back the whole pages that lie inside the given `(first slot,
+    /// count)` runs of every head (rows nothing holds), and lowers the
+    /// high-water mark to `rows` if below it. A grown pool keeps its memory.
+    pub fn release_runs(&mut self, runs: &[(usize, usize)], rows: usize) {
+        self.rows = self.rows.min(rows);
+        if self.memory != PoolMemory::Reserve {
+            return;
+        }
+        for side in [Side::K, Side::V] {
+            let rb = self.row_bytes(side);
+            let buf = self.buf(side);
+            for h in 0..self.n_heads {
+                let head = h.saturating_mul(self.slots);
+                for &(start, n) in runs {
+                    let a = head.saturating_add(start).saturating_mul(rb);
+                    let b = head
+                        .saturating_add(start.saturating_add(n).min(self.slots))
+                        .saturating_mul(rb);
+                    buf.release(a, b);
+                }
+            }
+        }
     }
 
     /// The whole K pool as stored.
@@ -194,6 +373,7 @@ impl Pool {
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().add(r.start), r.len());
         }
+        self.rows = self.rows.max(slot.saturating_add(1));
         Ok(())
     }
 
@@ -202,10 +382,12 @@ impl Pool {
         (self.k.clone(), self.v.clone())
     }
 
-    /// Grows (doubling, capped at the depth) until `needed` slots fit.
-    /// Re-lays out every head, since the row stride widens.
+    /// Makes room for `needed` rows (raising the high-water mark). A
+    /// reservation has room for its depth already; a grown pool doubles
+    /// (capped at the depth) until `needed` slots fit, re-laying out every
+    /// head since the row stride widens.
     pub fn ensure(&mut self, needed: usize) -> Result<()> {
-        if needed <= self.slots {
+        if needed <= self.rows {
             return Ok(());
         }
         if needed > self.depth {
@@ -214,6 +396,15 @@ impl Pool {
                 self.depth
             )));
         }
+        if needed > self.slots {
+            self.grow(needed)?;
+        }
+        self.rows = needed;
+        Ok(())
+    }
+
+    /// Grows a heap pool to fit `needed` (<= depth) slots.
+    fn grow(&mut self, needed: usize) -> Result<()> {
         let mut slots = self.slots;
         while slots < needed {
             slots = slots.saturating_mul(2);
@@ -221,7 +412,7 @@ impl Pool {
         let slots = slots.min(self.depth);
         let n_heads = self.n_heads;
         let old_slots = self.slots;
-        // Sizes bounded by CacheConfig::validate (see `with_dtypes`).
+        // slots <= depth, and n_heads * depth * row was checked by `with_memory`.
         #[allow(clippy::arithmetic_side_effects)]
         let relayout = |old: &Buffer, row: usize| -> Result<Arc<Buffer>> {
             let (new_len, new_run, old_run) = (n_heads * slots * row, slots * row, old_slots * row);
@@ -336,6 +527,7 @@ impl Pool {
                 }
             }
         }
+        self.rows = self.rows.max(slot.saturating_add(count));
         Ok(())
     }
 }

@@ -1,7 +1,7 @@
 //! The per-layer pools of one cache: building them from a config and the
 //! layer-indexed accessors both byte-layer caches share.
 
-use super::Pool;
+use super::{Pool, PoolMemory};
 use crate::config::CacheConfig;
 use crate::error::{CacheError, Result};
 
@@ -10,23 +10,25 @@ use crate::error::{CacheError, Result};
 pub struct LayerPools(Vec<Pool>);
 
 impl LayerPools {
-    /// A pool per layer of `cfg`, `depth(layer)` rows deep, starting at
-    /// `initial_capacity` rows (clamped to the depth).
+    /// A pool per layer of `cfg`, `depth(layer)` rows deep, in `memory`
+    /// (a grown pool starts at `initial_capacity` rows, clamped to the depth).
     pub fn new(
         cfg: &CacheConfig,
+        memory: PoolMemory,
         depth: impl Fn(&CacheConfig, usize) -> Result<usize>,
     ) -> Result<Self> {
         let mut pools = Vec::with_capacity(cfg.n_layers);
         for layer in 0..cfg.n_layers {
             let l = cfg.layer(layer)?;
             let depth = depth(cfg, layer)?;
-            pools.push(Pool::with_dtypes(
+            pools.push(Pool::with_memory(
                 l.n_kv_heads,
                 l.head_dim,
                 cfg.initial_capacity.min(depth),
                 depth,
                 cfg.k_dtype,
                 cfg.v_dtype,
+                memory,
             )?);
         }
         Ok(LayerPools(pools))
@@ -52,13 +54,32 @@ impl LayerPools {
             .ok_or_else(|| Self::layer_error(layer, n_layers))
     }
 
-    /// Bytes the pools of `layer` hold.
+    /// Bytes the rows of `layer`'s pools need at the high-water mark.
     pub fn nbytes(&self, layer: usize) -> Result<usize> {
         Ok(self.get(layer)?.nbytes())
     }
 
-    /// Bytes all pools hold.
+    /// Bytes all pools' rows need at their high-water marks.
     pub fn nbytes_total(&self) -> usize {
         self.0.iter().map(Pool::nbytes).sum()
+    }
+
+    /// Address space all pools hold.
+    pub fn reserved_bytes_total(&self) -> usize {
+        self.0.iter().map(Pool::reserved_bytes).sum()
+    }
+
+    /// `Reserve` when every pool reserved its depth, `Grow` when any grows.
+    pub fn memory(&self) -> PoolMemory {
+        if self.0.iter().all(|p| p.memory() == PoolMemory::Reserve) {
+            PoolMemory::Reserve
+        } else {
+            PoolMemory::Grow
+        }
+    }
+
+    /// Gives every pool's pages back (see [`Pool::release_all`]).
+    pub fn release_all(&mut self) {
+        self.0.iter_mut().for_each(Pool::release_all);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use super::{pool_faces, pool_spec, write_step, LayerPools};
+use super::{pool_faces, pool_spec, write_step, LayerPools, PoolMemory};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
 use crate::error::Result;
@@ -27,10 +27,18 @@ pub struct KvSequenceCache {
 impl KvSequenceCache {
     pool_faces!(seq: SequenceCache);
 
+    /// Pools in the memory [`PoolMemory::from_env`] names (a reservation by default).
     pub fn new(cfg: CacheConfig) -> Result<Self> {
+        Self::with_memory(cfg, PoolMemory::from_env())
+    }
+
+    /// Pools in `memory` (`Grow` forces the fallback).
+    pub fn with_memory(cfg: CacheConfig, memory: PoolMemory) -> Result<Self> {
         let seq = SequenceCache::new(cfg)?;
         let cfg = seq.config();
-        let pools = LayerPools::new(cfg, |cfg, layer| Ok(cfg.depth(cfg.layer(layer)?.policy)))?;
+        let pools = LayerPools::new(cfg, memory, |cfg, layer| {
+            Ok(cfg.depth(cfg.layer(layer)?.policy))
+        })?;
         let positions = Vec::with_capacity(cfg.max_step);
         Ok(KvSequenceCache {
             seq,
@@ -67,10 +75,11 @@ impl KvSequenceCache {
         self.seq.rewind(new_len)
     }
 
-    /// Forgets every token. Pool memory is kept (and not zeroed): the next
-    /// steps overwrite what they read.
+    /// Forgets every token and gives the pools' pages back to the OS (a
+    /// rewind keeps them).
     pub fn clear(&mut self) {
         self.seq.clear();
+        self.pools.release_all();
     }
 
     pub fn plan(&self, layer: usize) -> Result<SeqStepPlan> {

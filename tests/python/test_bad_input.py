@@ -189,6 +189,37 @@ BAD_CFG_INDEX = [
     (case, v, E.ConfigError if exc is E.InvalidArgumentError else exc) for case, v, exc in BAD_INDEX
 ]
 
+
+def _memory_rows(n, w):
+    """reserved_bytes, pool_memory (and a cell cache's trim) take no argument."""
+    row(f"{n}.reserved_bytes", "an argument", w, lambda x: x.c.reserved_bytes(0), TypeError)
+    row(
+        f"{n}.reserved_bytes",
+        "covers nbytes",
+        w,
+        lambda x: x.c.reserved_bytes(),
+        OK,
+        lambda x, r: r >= x.c.nbytes(),
+    )
+    row(
+        f"{n}.pool_memory",
+        "read-only",
+        w,
+        lambda x: setattr(x.c, "pool_memory", "grow"),
+        AttributeError,
+    )
+    row(
+        f"{n}.pool_memory",
+        "a name",
+        w,
+        lambda x: x.c.pool_memory,
+        OK,
+        lambda x, r: r in ("reserve", "grow"),
+    )
+    if n == "KvCellCache":
+        row(f"{n}.trim", "an argument", w, lambda x: x.c.trim(0), TypeError)
+
+
 # --- config classes
 
 
@@ -467,6 +498,7 @@ def _seq_rows():
             row(f"{n}.{meth}", case, w, lambda x, v=v, m=meth: getattr(x.c, m)(v), exc)
     for case, v, exc in BAD_INDEX + [("layer 2 of 2", 2, E.InvalidArgumentError)]:
         row(f"{n}.nbytes", case, w, lambda x, v=v: x.c.nbytes(v), exc)
+    _memory_rows(n, w)
     row(
         f"{n}.spec",
         "step closed by clear",
@@ -818,6 +850,7 @@ def _cell_rows():
             row(f"{n}.{meth}", case, w, lambda x, v=v, m=meth: getattr(x.c, m)(v), exc)
     for case, v, exc in BAD_INDEX + [("layer 2 of 2", 2, E.InvalidArgumentError)]:
         row(f"{n}.nbytes", case, w, lambda x, v=v: x.c.nbytes(v), exc)
+    _memory_rows(n, w)
     row(
         f"{n}.spec",
         "step closed by seq_free",

@@ -405,8 +405,8 @@ def test_pools_default_to_the_model_dtype_and_views_stay_zero_copy():
         assert (spec.k_dtype, spec.v_dtype) == (name, name)
         assert ko.dtype == dtype and torch.equal(ko, k) and torch.equal(vo, k * 2)
         assert np.shares_memory(ko.view(torch.int16).numpy(), spec.k)
-        # layer 0 only (layer 1 not initialised yet): K + V, 2 heads, slots, 16 values, 2 bytes
-        assert cache.nbytes() == 2 * 2 * spec.slots * 16 * 2
+        # layer 0 only (layer 1 not initialised yet): K + V, 2 heads, 5 rows, 16 values, 2 bytes
+        assert cache.nbytes() == 2 * 2 * 5 * 16 * 2
 
 
 @pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16", "q8_0"])

@@ -19,7 +19,8 @@
  *    handle must not overlap (an overlapping call gets OKV_ERR_BUSY). The
  *    registry and okv_last_error are safe from any thread.
  *  - Pointers the library hands out (okv_cell_plan arrays, dense masks,
- *    okv_pool_view) stay valid until the next mutating call on that cache.
+ *    okv_pool_view) stay valid until the next mutating call on that cache;
+ *    a view of reserved pools (the default) until _free (see okv_pool_view).
  *  - Sequence ids are uint64_t; positions, lengths and counts are size_t.
  *  - Panics never cross the boundary: they become OKV_ERR_PANIC.
  *  - Pool dtypes: okv_config_set_dtypes with OKV_DTYPE_* values (float32,
@@ -185,8 +186,11 @@ typedef struct {
 // head h's row s starts at byte `(h * slots + s) * row_bytes`. A float32
 // row is `head_dim` floats, a float16/bfloat16 row `head_dim` `uint16_t`
 // bits, a q8_0 row `head_dim / 32` GGML blocks (`okv_dequantize` widens any
-// of them). Valid until the next mutating call on the cache (`_update` may
-// grow the pools into new memory; `_free` releases them).
+// of them). Pools reserve their depth (`slots`) once, so the pointers stay
+// valid until `_free` and read the rows later steps write (zeros after
+// `_clear` or a `_trim` of their cells). Where the OS refused the
+// reservation the pools grow by copying: then a view is valid only until
+// the next mutating call (`_update` may move them).
 typedef struct {
   // The K rows (64-byte aligned).
   const void *k;
@@ -436,7 +440,7 @@ okv_status okv_kv_cell_cache_capacity(const okv_kv_cell_cache *cache, size_t *ou
 // Statuses: only the common ones.
 okv_status okv_kv_cell_cache_can_extend(const okv_kv_cell_cache *cache, size_t n, bool *out_ok);
 
-// See `okv_cell_cache_clear` (pool memory is kept).
+// See `okv_cell_cache_clear`; the pools' pages also go back to the OS.
 //
 // Statuses: only the common ones.
 okv_status okv_kv_cell_cache_clear(okv_kv_cell_cache *cache);
@@ -655,6 +659,28 @@ okv_status okv_kv_cell_cache_update_bf16(okv_kv_cell_cache *cache,
                                          const uint16_t *v,
                                          size_t v_len);
 
+// Address space all pools hold: their whole depth when reserved (committed
+// only where rows were written), the grown buffers otherwise. `_nbytes` is
+// what the rows need.
+//
+// Statuses: `OKV_OK`; `OKV_ERR_NULL_POINTER` (a null `cache` or `out_bytes`);
+// `OKV_ERR_BAD_HANDLE`; `OKV_ERR_BUSY`. `*out_bytes` is written only on
+// `OKV_OK`.
+okv_status okv_kv_seq_cache_reserved_bytes(const okv_kv_seq_cache *cache, size_t *out_bytes);
+
+// See `okv_kv_seq_cache_reserved_bytes`.
+okv_status okv_kv_cell_cache_reserved_bytes(const okv_kv_cell_cache *cache, size_t *out_bytes);
+
+// Gives back to the OS the pool pages that no live cell touches (the rows
+// of freed cells read as zeros afterwards) and lowers `_nbytes` to the
+// highest live cell. Changes no bookkeeping: an open step stays open.
+// O(n_cells) per layer: call it after freeing sequences, not per step.
+// Pools that grow by copying keep their memory until `_clear`.
+//
+// Statuses: `OKV_OK`; `OKV_ERR_NULL_POINTER` (a null `cache`);
+// `OKV_ERR_BAD_HANDLE`; `OKV_ERR_BUSY`.
+okv_status okv_kv_cell_cache_trim(okv_kv_cell_cache *cache);
+
 // Stores the live handle `handle` (any okv handle type) under `key`.
 // A taken key (`OKV_ERR_KEY_EXISTS`) or an empty one is refused.
 //
@@ -826,7 +852,7 @@ okv_status okv_kv_seq_cache_begin_step(okv_kv_seq_cache *cache,
 // Statuses: as `okv_seq_cache_rewind`.
 okv_status okv_kv_seq_cache_rewind(okv_kv_seq_cache *cache, size_t new_len);
 
-// Forgets every token (pool memory is kept) and closes the step.
+// Forgets every token, gives the pools' pages back to the OS and closes the step.
 //
 // Statuses: only the common ones.
 okv_status okv_kv_seq_cache_clear(okv_kv_seq_cache *cache);

@@ -15,8 +15,11 @@ use crate::status::{fail, okv_status, R};
 /// head h's row s starts at byte `(h * slots + s) * row_bytes`. A float32
 /// row is `head_dim` floats, a float16/bfloat16 row `head_dim` `uint16_t`
 /// bits, a q8_0 row `head_dim / 32` GGML blocks (`okv_dequantize` widens any
-/// of them). Valid until the next mutating call on the cache (`_update` may
-/// grow the pools into new memory; `_free` releases them).
+/// of them). Pools reserve their depth (`slots`) once, so the pointers stay
+/// valid until `_free` and read the rows later steps write (zeros after
+/// `_clear` or a `_trim` of their cells). Where the OS refused the
+/// reservation the pools grow by copying: then a view is valid only until
+/// the next mutating call (`_update` may move them).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct okv_pool_view {

@@ -414,7 +414,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_rewind(
     guard(|| unsafe { rewind(cache, new_len, "okv_kv_seq_cache_rewind") })
 }
 
-/// Forgets every token (pool memory is kept) and closes the step.
+/// Forgets every token, gives the pools' pages back to the OS and closes the step.
 ///
 /// Statuses: only the common ones.
 #[no_mangle]

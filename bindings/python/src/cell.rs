@@ -31,8 +31,9 @@ impl CellInner {
     pub fn dense_mask(&mut self, layer: usize) -> offgraph_kv::Result<&[u8]> {
         self.cells_mut().dense_mask(layer)
     }
+    /// A Kv cache clears through its own `clear`, which gives pages back.
     fn clear(&mut self) {
-        self.cells_mut().clear()
+        either!(self, c => c.clear())
     }
 }
 
@@ -276,6 +277,14 @@ kv_methods! {
     fn load_seq(slf: &Bound<'_, Self>, blob: &Bound<'_, PyAny>) -> PyResult<SeqId> {
         let data = crate::snapshot::data(blob, "blob")?;
         write_kv(slf.as_super(), "load_seq", |c| c.load_seq(&data))
+    }
+
+    /// Gives back to the OS the pool pages no live cell touches (rows of
+    /// freed cells), and lowers `nbytes()` to the highest live cell. Changes
+    /// no bookkeeping. O(n_cells): call it after freeing sequences, not per
+    /// step. Pools that grow by copying keep their memory until `clear()`.
+    fn trim(slf: &Bound<'_, Self>) -> PyResult<()> {
+        write_kv(slf.as_super(), "trim", |c| c.trim())
     }
 }
 

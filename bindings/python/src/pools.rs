@@ -127,6 +127,10 @@ pub trait KvPools {
     /// Bytes of one layer's pools, or of all when `layer` is None.
     fn pool_bytes(&self, layer: Option<usize>) -> Result<usize>;
     fn slots(&self, layer: usize) -> Result<usize>;
+    /// Address space all pools hold.
+    fn reserved(&self) -> usize;
+    /// `"reserve"` or `"grow"` (see `offgraph_kv::PoolMemory`).
+    fn memory(&self) -> &'static str;
     fn step_generation(&self) -> u64;
     fn core_spec(&self, layer: usize) -> Result<AttendSpec<'_>>;
     /// The Python spec of `layer` for the open step, made by `owner`.
@@ -154,6 +158,12 @@ macro_rules! kv_pools {
             }
             fn slots(&self, layer: usize) -> Result<usize> {
                 Ok(self.pool(layer)?.slots())
+            }
+            fn reserved(&self) -> usize {
+                self.reserved_bytes()
+            }
+            fn memory(&self) -> &'static str {
+                self.pool_memory().name()
             }
             fn step_generation(&self) -> u64 {
                 self.generation()

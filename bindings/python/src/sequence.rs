@@ -162,9 +162,11 @@ kv_methods! {
     update,
     /// The open step's spec for `layer`, without writing.
     spec,
-    /// Bytes the pools hold: of one layer, or of all when `layer` is None.
+    /// Bytes the rows need at the high-water mark since the last clear: of
+    /// one layer, or of all when `layer` is None.
     nbytes,
-    /// Slots the pool of `layer` has now (it doubles up to its depth).
+    /// The row stride of the pool of `layer`: its depth when reserved, else
+    /// the slots it has grown to (doubling up to its depth).
     pool_slots;
 
     #[new]

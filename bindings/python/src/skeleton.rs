@@ -98,8 +98,8 @@ macro_rules! cache_methods {
     };
 }
 
-/// `#[pymethods]` for a Kv cache class: `update`, `spec`, `nbytes` and
-/// `pool_slots` over the pools of its base-class object (with the docs
+/// `#[pymethods]` for a Kv cache class: `update`, `spec`, `nbytes`,
+/// `pool_slots`, `reserved_bytes` and `pool_memory` over the pools of its base-class object (with the docs
 /// given), and then the class's own methods.
 macro_rules! kv_methods {
     (
@@ -138,6 +138,20 @@ macro_rules! kv_methods {
             $(#[$slots_doc])*
             fn pool_slots(slf: &Bound<'_, Self>, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
                 crate::skeleton::pool_slots(slf.as_super(), layer)
+            }
+            /// Address space the pools hold: their whole depth when reserved
+            /// (the OS commits a page when a row on it is first written), the
+            /// grown buffers otherwise. `nbytes()` is what the rows need.
+            fn reserved_bytes(slf: &Bound<'_, Self>) -> PyResult<usize> {
+                crate::skeleton::read_kv(slf.as_super(), "reserved_bytes", |c| Ok(crate::pools::KvPools::reserved(c)))
+            }
+            /// `"reserve"`: every pool reserved its depth once (growth never
+            /// copies, views keep their address); `"grow"`: pools grow by
+            /// doubling and copying (the OS refused the reservation, or
+            /// `OFFGRAPH_KV_POOLS=grow` asked for it).
+            #[getter]
+            fn pool_memory(slf: &Bound<'_, Self>) -> PyResult<&'static str> {
+                crate::skeleton::read_kv(slf.as_super(), "pool_memory", |c| Ok(crate::pools::KvPools::memory(c)))
             }
             $($items)*
         }

@@ -29,8 +29,9 @@ Design
   transformers drives layers one after another: a prompt longer than a ring's ``max_step`` arrives
   whole at layer 0 and must be chunked there before layer 1 sees it.
 * **Policies.** ``full_attention`` layers are ``Flat`` (capacity ``max_cache_len``, default
-  ``config.max_position_embeddings``; pools grow by doubling from ``initial_capacity``, so unused
-  capacity costs nothing). ``sliding_attention`` layers are ``Ring(window=sliding_window)`` with
+  ``config.max_position_embeddings``; pools reserve that depth of address space once and the OS
+  commits pages as rows are written, so unused capacity costs no memory and no step copies).
+  ``sliding_attention`` layers are ``Ring(window=sliding_window)`` with
   ``max_step = max(max_step, window)``, i.e. a pool depth of at most about twice the window:
   enough to rewind by ``max_step`` tokens (assisted decoding). A window at or above
   ``max_cache_len`` (e.g. ``max_cache_len=256`` under Gemma 3's window of 512) makes the ring a

@@ -117,7 +117,8 @@ class OffgraphLayer(CacheLayerMixin):
     # -- views ------------------------------------------------------------------------------------
 
     def _pool(self, spec: _okv.AttendSpec) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, H, slots, D]`` torch views of the pools, rebuilt only when a pool grows."""
+        """``[B, H, slots, D]`` torch views of the pools, rebuilt only when a pool moves (reserved
+        pools never do; the copy-growth fallback does when it grows)."""
         k, v = spec.k, spec.v
         key = (k.__array_interface__["data"][0], k.shape[1])
         copied = "q8_0" in (spec.k_dtype, spec.v_dtype)  # a dequantized copy is stale next step
@@ -325,10 +326,11 @@ class OffgraphCache(Cache):
     Args:
         config: the model's config (``layer_types`` / ``sliding_window`` choose flat or ring).
         max_cache_len: most tokens a full-attention layer holds (default
-            ``config.max_position_embeddings``). Pools grow by doubling up to it.
+            ``config.max_position_embeddings``). Pools reserve it once; memory is committed as rows
+            are written.
         max_step: most tokens a sliding layer takes in one step without chunking, and the deepest
             crop it allows (raised to the window). Its pool depth is ``window + max_step - 1``.
-        initial_capacity: first pool size in slots.
+        initial_capacity: first pool size in slots where pools grow by copying (the fallback).
         kv_dtype: the pools' dtype, one of ``"float32"``, ``"float16"``, ``"bfloat16"``,
             ``"q8_0"``; ``None`` (default) stores the model's dtype (float32 for others).
     """

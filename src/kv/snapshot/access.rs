@@ -38,7 +38,7 @@ pub(crate) fn prints<'p>(
 
 /// Appends K as `[heads][slots][row]` bytes, then V alike, for `slots` in order.
 pub(crate) fn read_rows(pool: &Pool, slots: &[usize], out: &mut Vec<u8>) -> Result<()> {
-    let n = pool.slots();
+    let n = pool.rows();
     for side in [Side::K, Side::V] {
         for h in 0..pool.n_heads() {
             for &s in slots {

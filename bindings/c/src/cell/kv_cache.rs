@@ -143,7 +143,7 @@ pub unsafe extern "C" fn okv_kv_cell_cache_can_extend(
     guard(|| unsafe { verbs::can_extend(cache, n, out_ok, "okv_kv_cell_cache_can_extend") })
 }
 
-/// See `okv_cell_cache_clear` (pool memory is kept).
+/// See `okv_cell_cache_clear`; the pools' pages also go back to the OS.
 ///
 /// Statuses: only the common ones.
 #[no_mangle]

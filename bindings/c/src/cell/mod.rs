@@ -75,6 +75,10 @@ opaque!(
 pub(crate) trait CellFace {
     fn cells(&self) -> &CellCache;
     fn cells_mut(&mut self) -> &mut CellCache;
+    /// Frees every cell; a cache with pools also gives their pages back.
+    fn clear(&mut self) {
+        self.cells_mut().clear()
+    }
 }
 
 /// A handle holding either cell cache: the bound every verb takes.
@@ -96,5 +100,8 @@ impl CellFace for KvCellCache {
     }
     fn cells_mut(&mut self) -> &mut CellCache {
         KvCellCache::cells_mut(self)
+    }
+    fn clear(&mut self) {
+        KvCellCache::clear(self)
     }
 }

@@ -116,8 +116,8 @@ pub(super) unsafe fn can_extend<H: CellHandle>(
 
 pub(super) unsafe fn clear<H: CellHandle>(h: *const H, what: &str) -> R<()> {
     unsafe {
-        write(h, what, |c| {
-            c.clear();
+        mutate(h, what, |c| {
+            CellFace::clear(c);
             Ok(())
         })
     }
