@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import _native as n
+from .. import _native as n
 
 
 def gemma_like_config(
@@ -151,7 +151,7 @@ def cmd_store(args: argparse.Namespace) -> int:
         from .store_demo import two_processes
 
         return two_processes(args.url, args.prompt_len, args.new_tokens)
-    from .store import MemoryBackend, RedisBackend
+    from ..store import MemoryBackend, RedisBackend
 
     backend = MemoryBackend() if args.url == "memory" else RedisBackend(args.url)
     prefix = f"okv:{args.namespace}:" if args.namespace else "okv:"
