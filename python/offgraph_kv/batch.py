@@ -302,6 +302,7 @@ class BatchGenerator:
             "forks": 0,
             "evictions": 0,
             "requests_finished": 0,
+            "requests_cancelled": 0,
         }
 
     # -- requests ---------------------------------------------------------------------------------
@@ -319,6 +320,38 @@ class BatchGenerator:
         req = self._request(prompt_ids, max_new_tokens, eos_token_id, temperature, top_p, seed)
         self._waiting.append(req)
         return req.rid
+
+    def cancel(self, rid: int) -> bool:
+        """Drop a waiting or running request; ``False`` if ``rid`` is neither (unknown, finished
+        or already cancelled). A running request's sequence leaves the batch now: what it holds
+        stays as prefix cache (as a finished request's does) or is freed, so its cells are free
+        for the next step. Call between steps (the generator is not thread-safe)."""
+        for i, req in enumerate(self._waiting):
+            if req.rid == rid:
+                del self._waiting[i]
+                self._stats["requests_cancelled"] += 1
+                return True
+        for req in self._running:
+            if req.rid == rid:
+                self._running.remove(req)
+                req.done = True
+                self._stats["requests_cancelled"] += 1
+                if req.seq is not None:
+                    if self.prefix_cache and req.fed > 0:
+                        self._cached[req.seq] = req.tokens[: req.fed]
+                    else:
+                        self.kc.seq_free(req.seq)
+                    req.seq = None
+                return True
+        return False
+
+    def prefix_reused(self, rid: int) -> int | None:
+        """Prompt tokens request ``rid`` took from shared cells instead of computing them (0 until
+        it is admitted); ``None`` if ``rid`` is not waiting, running or finished-and-unread."""
+        for req in itertools.chain(self._waiting, self._running, self._finished.values()):
+            if req.rid == rid:
+                return req.reused
+        return None
 
     def _request(
         self,
