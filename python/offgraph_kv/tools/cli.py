@@ -197,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve_demo import add_arguments as _serve_args
 
     _serve_args(serve, _positive)
+    serve_http = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API (the [serve] extra)"
+    )
+    from ..serve.run import add_arguments as _serve_http_args
+
+    _serve_http_args(serve_http, _positive)
     plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
     plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
     plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")
