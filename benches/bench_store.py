@@ -83,9 +83,9 @@ def main() -> None:
         cluster = srv.RedisCluster(Path(tmp) / "cluster")
         try:
             stores = {
-                "memory": PrefixStore(MemoryBackend(1 << 31), chunk_tokens=CHUNK),
-                "redis": PrefixStore(RedisBackend(redis.url), chunk_tokens=CHUNK),
-                "cluster": PrefixStore(RedisBackend(cluster.url), chunk_tokens=CHUNK),
+                "memory": PrefixStore(MemoryBackend(1 << 31), chunk_tokens=CHUNK, model=model),
+                "redis": PrefixStore(RedisBackend(redis.url), chunk_tokens=CHUNK, model=model),
+                "cluster": PrefixStore(RedisBackend(cluster.url), chunk_tokens=CHUNK, model=model),
             }
             cache = OffgraphCache(model.config)
             with torch.no_grad():

@@ -69,6 +69,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 
 from . import _native as _okv
 from ._errors import CacheError, CapacityError, InvalidArgumentError
+from .store_cells import GeneratorStore
 
 __all__ = ["CELL_ATTN_NAME", "BatchGenerator", "cell_attention", "register_cell_attention"]
 
@@ -240,6 +241,9 @@ class BatchGenerator:
         max_batch_tokens: most tokens one step carries (also the cache's ``max_step``).
         kv_dtype: storage dtype of the pools (``None``: float32).
         prefix_cache: keep finished sequences' cells as prefix cache until cells are needed.
+        store: a :class:`~offgraph_kv.store.PrefixStore` (bound to ``model`` here if it is not
+            bound yet): admission loads the longest stored prefix no live sequence beats, and
+            prefill saves each chunk as it passes the chunk's end.
 
     ``step`` switches ``model.config._attn_implementation`` to :data:`CELL_ATTN_NAME` for the
     duration of its forward and restores it after: do not run the same model from another
@@ -254,6 +258,7 @@ class BatchGenerator:
         max_batch_tokens: int = 512,
         kv_dtype: str | None = None,
         prefix_cache: bool = True,
+        store: Any = None,
     ):
         if isinstance(max_batch_tokens, bool) or int(max_batch_tokens) < 1:
             raise InvalidArgumentError(f"max_batch_tokens: expected >= 1, got {max_batch_tokens}")
@@ -286,6 +291,7 @@ class BatchGenerator:
         # What one sequence holds in the ring table at most (the cache's bound).
         self.ring_depth = (max(windows) + self.max_batch_tokens - 1) if windows else None
         self.prefix_cache = bool(prefix_cache)
+        self._store = None if store is None else GeneratorStore(store, model, self.kc)
         self._past = _CellStepCache(self.kc, [isinstance(lc.policy, _okv.Ring) for lc in layers])
         self._ids = itertools.count()
         self._waiting: list[_Request] = []
@@ -459,6 +465,7 @@ class BatchGenerator:
             "running": len(self._running),
             "waiting": len(self._waiting),
             "cached_sequences": len(self._cached),
+            **({} if self._store is None else self._store.stats()),
         }
 
     # -- the step ---------------------------------------------------------------------------------
@@ -499,6 +506,8 @@ class BatchGenerator:
             else:
                 self._stats["decode_tokens"] += n
             req.fed += n
+        if self._store is not None:
+            self._store.prefilled([(r.seq, r.prompt, r.fed - n, r.fed) for r, n in plan])
         self._stats["steps"] += 1
         self._stats["forward_tokens"] += len(tokens)
         out: list[tuple[int, int]] = []
@@ -653,7 +662,9 @@ class BatchGenerator:
                 return False
             sources = [s for s in sources if s[0] in self._cached or self._is_running(s[0])]
         seq, upto = None, 0
-        for src, n in sources:
+        if self._store is not None:
+            seq, upto = self._store.admit(req.prompt, max((n for _, n in sources), default=0))
+        for src, n in sources if seq is None else []:
             try:
                 seq = self.kc.seq_clone(src, upto=n)
             except CacheError:

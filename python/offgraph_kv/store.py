@@ -4,7 +4,7 @@ Usage::
 
     from offgraph_kv.store import PrefixStore, RedisBackend
 
-    store = PrefixStore(RedisBackend("redis://127.0.0.1:6379/0"))
+    store = PrefixStore(RedisBackend("redis://127.0.0.1:6379/0"), model=model)
     cache = OffgraphCache(model.config)
     n = store.load(cache, prompt_ids)          # tokens restored (at most len - 1)
     out = model.generate(prompt, cache=cache, ...)   # prefills the rest only
@@ -14,42 +14,62 @@ Design
 ------
 * **Chunks and keys.** A prompt is cut into chunks of ``chunk_tokens``; only whole chunks are
   stored. Chunk ``k``'s key is ``okv:<namespace>:<hex>`` where the hex is a chained SHA-256:
-  ``h_0 = SHA-256(scheme, chunk_tokens, namespace, model fingerprint)`` and
-  ``h_k+1 = SHA-256(h_k, chunk k's tokens as int64)``. The model fingerprint is every layer's
-  snapshot fingerprint (policy, window, heads, head_dim, dtypes, row bytes), so caches of another
-  model or layout never share keys.
-* **Values.** One value per chunk: ``b"OKVCHUNK"``, a version, the chunk's tokens, one snapshot
-  range per cache layer (``KvSequenceCache.save_state(upto=end, start=start)``), and a CRC-32 over
-  all of it. Each snapshot carries its own CRC-32 and fingerprint, checked again by the core. A
-  value whose magic, version, tokens, layer count or checksum is wrong is a miss and is deleted
-  (a hash collision becomes a miss, never a wrong row).
+  ``h_0 = SHA-256(scheme, chunk_tokens, namespace, model identity, layout)`` and
+  ``h_k+1 = SHA-256(h_k, chunk k's tokens as int64)``. The model identity is a digest of the
+  weights (every parameter's name, shape, dtype and a strided sample of its bytes, see
+  :mod:`offgraph_kv.store_identity`) and of the tokenizer where given; the layout is every
+  layer's snapshot fingerprint (policy, window, heads, head_dim, pool dtypes, row bytes). Two
+  checkpoints of one shape never share a key, and a cache loads only rows of its own pool dtypes.
+* **Values** (:mod:`offgraph_kv.store_format`): the chunk's kind, range and tokens, one snapshot
+  per layer cache, a CRC-32 over the header; each snapshot carries its own CRC-32, checked by the
+  core as it loads (one checksum pass over the rows). A value is accepted only if its header
+  checksum, version, range, tokens, and every snapshot's layout and range are its key's chunk's;
+  anything else is a miss and the value is deleted (a hash collision becomes a miss, never a
+  wrong row). A value the core refuses as damaged is deleted too.
 * **Ring layers.** A chunk carries what its sliding layers still held when it was saved: an early
-  chunk of a long prompt may lack the sliding tail (the ring overwrote it). Such a chunk loads only
-  as part of a chain whose later chunks carry that tail; the core computes what every ring layer
-  holds after the chain and refuses a chain with a hole, and ``load`` then tries a shorter one.
+  chunk of a long prompt may lack the sliding tail (the ring overwrote it) and is stored marked
+  incomplete. Such a chunk loads only inside a chain whose later chunks carry that tail; ``load``
+  picks the longest chain ending on a complete chunk, and a ``save`` that holds the chunk complete
+  replaces an incomplete one (so a cache that saves as it prefills heals the store).
+* **One dtype.** An :class:`~offgraph_kv.hf.OffgraphCache` that has not run yet takes the pools
+  a forward of the bound model would give it (the ``kv_dtype`` asked for, else the model's
+  dtype): the store never tries another dtype.
 * **Loading.** ``load`` looks keys up in pipelined batches, stopping at the first miss, restores
   the longest stored prefix that leaves at least one prompt token to compute (so ``generate``
-  prefills the rest), all layers or none. An unreachable server, a lost cluster node or a bad
-  value is a miss with a warning: ``load`` never raises for them.
-* **Saving.** ``save`` writes the chunks the store lacks and returns how many it wrote, an
-  ``int`` that also carries ``.failed`` (chunk index and reason for each chunk it could not
-  write) and ``.present`` (chunks already stored). Values stay under Redis's 512 MB bulk limit.
+  prefills the rest), all layers or none. An unreachable server, a lost cluster node, a bad value
+  or any refusal of the core is a miss with a warning: ``load`` never raises for what a backend
+  returns.
+* **Saving.** ``save`` writes the chunks the store lacks (or holds incomplete where this cache
+  has them complete) and returns how many it wrote, an ``int`` that also carries ``.failed``
+  (chunk index and reason for each chunk it could not write) and ``.present`` (chunks already
+  stored). Values stay under Redis's 512 MB bulk limit.
+* **Cell caches** (:mod:`offgraph_kv.store_cells`): ``save_seq``/``load_seq`` store a
+  :class:`~offgraph_kv.KvCellCache` sequence's prefixes, which
+  :class:`~offgraph_kv.hf.BatchGenerator` uses with ``store=``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-import threading
 import warnings
-import zlib
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlparse
 
 from . import _native as _okv
-from ._errors import SnapshotError
+from ._errors import CacheError, InvalidArgumentError
+from .store_backends import MemoryBackend, RedisBackend
+from .store_format import (
+    HEAD_BYTES,
+    KIND_SEQ,
+    check_snapshot,
+    decode_value,
+    encode_value,
+    head_complete,
+    layout_of,
+    tokens_bytes,
+)
+from .store_identity import identity
 
 __all__ = [
     "MAX_VALUE_BYTES",
@@ -60,11 +80,9 @@ __all__ = [
     "StoreWarning",
 ]
 
-VALUE_MAGIC = b"OKVCHUNK"
-VALUE_VERSION = 1
 MAX_VALUE_BYTES = 512 * 1024 * 1024 - 1024
 """Redis refuses bulk strings of 512 MB; a value stays below with room to spare."""
-_SCHEME = b"offgraph-kv prefix store v1"
+_SCHEME = b"offgraph-kv prefix store v2"
 _LOOKUP_BATCH = 8
 
 
@@ -89,240 +107,6 @@ class SaveResult(int):
         return f"SaveResult(written={int(self)}, present={self.present}, failed={self.failed})"
 
 
-# -- backends ------------------------------------------------------------------------------------
-
-
-class MemoryBackend:
-    """An in-process LRU of values, bounded by ``max_bytes`` (keys and values counted)."""
-
-    def __init__(self, max_bytes: int = 1 << 30):
-        if int(max_bytes) <= 0:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
-        self.max_bytes = int(max_bytes)
-        self._data: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        with self._lock:
-            for k in keys:
-                v = self._data.get(k)
-                if v is not None:
-                    self._data.move_to_end(k)
-                out.append(v)
-        return out
-
-    def exists_many(self, keys: Sequence[str]) -> list[bool]:
-        with self._lock:
-            return [k in self._data for k in keys]
-
-    def set_many(self, items: Sequence[tuple[str, bytes]]) -> list[str | None]:
-        """Stores each item; returns per item ``None`` or why it was not stored."""
-        out: list[str | None] = []
-        with self._lock:
-            for k, v in items:
-                size = len(k) + len(v)
-                if size > self.max_bytes:
-                    out.append(f"{size} bytes exceed max_bytes {self.max_bytes}")
-                    continue
-                old = self._data.pop(k, None)
-                if old is not None:
-                    self._bytes -= len(k) + len(old)
-                while self._data and self._bytes + size > self.max_bytes:
-                    ok, ov = self._data.popitem(last=False)
-                    self._bytes -= len(ok) + len(ov)
-                self._data[k] = bytes(v)
-                self._bytes += size
-                out.append(None)
-        return out
-
-    def delete(self, keys: Iterable[str]) -> None:
-        with self._lock:
-            for k in keys:
-                v = self._data.pop(k, None)
-                if v is not None:
-                    self._bytes -= len(k) + len(v)
-
-    def stats(self, prefix: str = "okv:") -> dict[str, int]:
-        with self._lock:
-            sizes = [len(v) for k, v in self._data.items() if k.startswith(prefix)]
-        return {"keys": len(sizes), "bytes": sum(sizes)}
-
-    def clear(self, prefix: str = "okv:") -> int:
-        with self._lock:
-            keys = [k for k in self._data if k.startswith(prefix)]
-        self.delete(keys)
-        return len(keys)
-
-    def __repr__(self) -> str:
-        return f"MemoryBackend(max_bytes={self.max_bytes}, used={self._bytes})"
-
-
-class RedisBackend:
-    """Redis (``redis://host:port/db``) or Redis Cluster (``redis-cluster://host:port[,host:port]``)
-    through redis-py. Connections are made on first use; ``timeout`` bounds every socket wait, so
-    an unreachable server or a lost node turns into an error the store reports as a miss."""
-
-    def __init__(self, url: str, timeout: float = 2.0, ttl: int | None = None):
-        parsed = urlparse(url)
-        if parsed.scheme not in ("redis", "rediss", "redis-cluster"):
-            raise ValueError(f"RedisBackend: expected redis:// or redis-cluster://, got {url!r}")
-        self.url = url
-        self.cluster = parsed.scheme == "redis-cluster"
-        self.timeout = float(timeout)
-        self.ttl = ttl
-        self._client: Any = None
-        self._lock = threading.Lock()
-
-    def _conn(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                import redis
-
-                if self.cluster:
-                    from redis.cluster import ClusterNode, RedisCluster
-
-                    netloc = urlparse(self.url).netloc
-                    nodes = []
-                    for hp in netloc.split(","):
-                        host, _, port = hp.rpartition(":")
-                        nodes.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
-                    self._client = RedisCluster(
-                        startup_nodes=nodes,
-                        socket_timeout=self.timeout,
-                        socket_connect_timeout=self.timeout,
-                    )
-                else:
-                    self._client = redis.Redis.from_url(
-                        self.url,
-                        socket_timeout=self.timeout,
-                        socket_connect_timeout=self.timeout,
-                    )
-            return self._client
-
-    def _reset(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - closing a broken client
-                pass
-
-    def _pipeline(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        """Runs ``ops`` in one pipeline; per op the result or the exception it raised."""
-        pipe = self._conn().pipeline(transaction=False)
-        for name, args in ops:
-            getattr(pipe, name)(*args)
-        try:
-            return list(pipe.execute(raise_on_error=False))
-        except Exception as e:  # noqa: BLE001 - a whole-pipeline failure fails every op
-            self._reset()
-            return [e] * len(ops)
-
-    def get_many(self, keys: Sequence[str]) -> list[bytes | BaseException | None]:
-        return self._pipeline([("get", (k,)) for k in keys])
-
-    def exists_many(self, keys: Sequence[str]) -> list[bool | BaseException]:
-        res = self._pipeline([("exists", (k,)) for k in keys])
-        return [r if isinstance(r, BaseException) else bool(r) for r in res]
-
-    def set_many(self, items: Sequence[tuple[str, bytes]]) -> list[str | None]:
-        ops = []
-        for k, v in items:
-            ops.append(("set", (k, v) if self.ttl is None else (k, v, self.ttl)))
-        res = self._pipeline(ops)
-        return [f"{type(r).__name__}: {r}" if isinstance(r, BaseException) else None for r in res]
-
-    def delete(self, keys: Iterable[str]) -> None:
-        keys = list(keys)
-        if keys:
-            self._pipeline([("delete", (k,)) for k in keys])
-
-    def _scan(self, prefix: str) -> list[str]:
-        client = self._conn()
-        return [k.decode() if isinstance(k, bytes) else k for k in client.scan_iter(f"{prefix}*")]
-
-    def stats(self, prefix: str = "okv:") -> dict[str, int]:
-        keys = self._scan(prefix)
-        sizes = self._pipeline([("strlen", (k,)) for k in keys]) if keys else []
-        return {"keys": len(keys), "bytes": sum(s for s in sizes if isinstance(s, int))}
-
-    def clear(self, prefix: str = "okv:") -> int:
-        keys = self._scan(prefix)
-        self.delete(keys)
-        return len(keys)
-
-    def close(self) -> None:
-        self._reset()
-
-    def __repr__(self) -> str:
-        return f"RedisBackend({self.url!r})"
-
-
-# -- values --------------------------------------------------------------------------------------
-
-
-def _tokens_bytes(tokens: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(tokens)}q", *(int(t) for t in tokens))
-
-
-def encode_value(tokens: Sequence[int], blobs: Sequence[bytes]) -> bytes:
-    """One chunk's value: magic, version, tokens, one snapshot per layer, CRC-32."""
-    parts = [VALUE_MAGIC, struct.pack("<HI", VALUE_VERSION, len(tokens)), _tokens_bytes(tokens)]
-    parts.append(struct.pack("<I", len(blobs)))
-    for b in blobs:
-        parts.append(struct.pack("<Q", len(b)))
-        parts.append(b)
-    body = b"".join(parts)
-    return body + struct.pack("<I", zlib.crc32(body))
-
-
-def decode_value(value: bytes, tokens: Sequence[int], n_layers: int) -> list[memoryview] | str:
-    """The per-layer snapshots of a value for ``tokens``, or why it does not fit."""
-    mv = memoryview(value)
-    if len(mv) < 22 or bytes(mv[:8]) != VALUE_MAGIC:
-        return "not a chunk value"
-    if zlib.crc32(mv[:-4]) != struct.unpack_from("<I", mv, len(mv) - 4)[0]:
-        return "checksum mismatch"
-    version, n_tok = struct.unpack_from("<HI", mv, 8)
-    if version != VALUE_VERSION:
-        return f"version {version}, this build reads {VALUE_VERSION}"
-    at = 14
-    if n_tok != len(tokens) or bytes(mv[at : at + 8 * n_tok]) != _tokens_bytes(tokens):
-        return "tokens differ (a hash collision)"
-    at += 8 * n_tok
-    (n_blobs,) = struct.unpack_from("<I", mv, at)
-    at += 4
-    if n_blobs != n_layers:
-        return f"{n_blobs} layers, the cache has {n_layers}"
-    blobs = []
-    end = len(mv) - 4
-    for _ in range(n_blobs):
-        if at + 8 > end:
-            return "truncated"
-        (n,) = struct.unpack_from("<Q", mv, at)
-        at += 8
-        if at + n > end:
-            return "truncated"
-        blobs.append(mv[at : at + n])
-        at += n
-    if at != end:
-        return "trailing bytes"
-    return blobs
-
-
-# -- the store -----------------------------------------------------------------------------------
-
-
-def torch_dtype(name: str) -> Any:
-    """The torch dtype of that name (torch is imported only for an OffgraphCache)."""
-    import torch
-
-    return getattr(torch, name)
-
-
 def _layers(cache: Any) -> list[Any]:
     """The KvSequenceCaches behind ``cache``, in layer order."""
     if isinstance(cache, _okv.KvSequenceCache):
@@ -335,68 +119,111 @@ def _layers(cache: Any) -> list[Any]:
     )
 
 
-def _fingerprint(kvs: Sequence[Any]) -> bytes:
-    """Every layer's snapshot fingerprint (the header of an empty snapshot, minus the magic)."""
-    h = hashlib.sha256()
-    for kv in kvs:
-        empty = kv.save_state(0)
-        n_layers = struct.unpack_from("<I", empty, 12)[0]
-        h.update(empty[8 : 16 + 27 * n_layers])
-    return h.digest()
+def _layouts(kvs: Sequence[Any]) -> list[bytes]:
+    """Each layer cache's layout bytes (from a snapshot of no positions)."""
+    return [layout_of(kv.save_state(0)) for kv in kvs]
 
 
 class PrefixStore:
     """Stores and restores K/V of prompt prefixes, chunk by chunk, in a backend (see the module
-    docs). ``namespace`` separates stores sharing a backend (e.g. per model revision)."""
+    docs). ``model`` binds the keys to the weights: the torch model (its weights digest is
+    computed once, here), or a ``str``/``bytes`` identity the caller vouches for (a checkpoint
+    hash); ``tokenizer`` adds the tokenizer's vocabulary. ``namespace`` separates stores sharing
+    a backend. A store without a model identity refuses ``save``/``load``
+    (``InvalidArgumentError``); ``stats``/``clear`` need none."""
 
-    def __init__(self, backend: Any, chunk_tokens: int = 256, namespace: str | None = None):
+    def __init__(
+        self,
+        backend: Any,
+        chunk_tokens: int = 256,
+        namespace: str | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
+    ):
         if int(chunk_tokens) <= 0:
             raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
         self.backend = backend
         self.chunk_tokens = int(chunk_tokens)
         self.namespace = namespace or "default"
         self.prefix = f"okv:{self.namespace}:"
+        self.identity = None if model is None else identity(model, tokenizer)
+        dtype = getattr(model, "dtype", None)
+        self.model_dtype = dtype if type(dtype).__module__ == "torch" else None
+
+    def bind(self, model: Any, tokenizer: Any = None) -> PrefixStore:
+        """This store (same backend, chunks and namespace) for ``model``; ``self`` if it is
+        already bound to an identity."""
+        if self.identity is not None:
+            return self
+        return PrefixStore(self.backend, self.chunk_tokens, self.namespace, model, tokenizer)
+
+    def _root(self, layouts: Sequence[bytes]) -> bytes:
+        if self.identity is None:
+            raise InvalidArgumentError(
+                "PrefixStore: no model identity; pass model= (the torch model, or a str/bytes "
+                "naming its weights) so another model's rows are never served"
+            )
+        h = hashlib.sha256(_SCHEME + struct.pack("<Q", self.chunk_tokens))
+        h.update(self.namespace.encode() + b"\0" + self.identity)
+        for lay in layouts:
+            h.update(struct.pack("<I", len(lay)) + lay)
+        return h.digest()
 
     def keys(self, cache: Any, token_ids: Sequence[int]) -> list[str]:
         """The keys of ``token_ids``' whole chunks for this cache's model."""
-        return self._keys(_fingerprint(_layers(cache)), [int(t) for t in token_ids])
+        return self._keys(self._root(_layouts(_layers(cache))), [int(t) for t in token_ids])
 
-    def _keys(self, fp: bytes, tokens: list[int]) -> list[str]:
+    def _keys(self, root: bytes, tokens: list[int]) -> list[str]:
         c = self.chunk_tokens
-        h = hashlib.sha256(
-            _SCHEME + struct.pack("<Q", c) + self.namespace.encode() + b"\0" + fp
-        ).digest()
-        out = []
+        h, out = root, []
         for s in range(0, len(tokens) - c + 1, c):
-            h = hashlib.sha256(h + _tokens_bytes(tokens[s : s + c])).digest()
+            h = hashlib.sha256(h + tokens_bytes(tokens[s : s + c])).digest()
             out.append(self.prefix + h.hex())
         return out
 
     def _warn(self, msg: str) -> None:
         warnings.warn(f"PrefixStore: {msg}", StoreWarning, stacklevel=3)
 
-    def save(self, cache: Any, token_ids: Sequence[int]) -> SaveResult:
-        """Writes the whole chunks of ``token_ids`` that ``cache`` holds and the store lacks."""
-        kvs = _layers(cache)
-        tokens = [int(t) for t in token_ids]
-        length = min(kv.length for kv in kvs) if kvs else 0
-        keys = self._keys(_fingerprint(kvs), tokens[:length])
-        if not keys:
-            return SaveResult(0, [], 0)
-        failed: list[tuple[int, str]] = []
+    def _drop(self, keys: Sequence[str]) -> None:
         try:
-            exists = list(self.backend.exists_many(keys))
+            self.backend.delete(list(keys))
+        except Exception:  # noqa: BLE001 - best effort: the value stays a miss either way
+            pass
+
+    def _stored(self, keys: list[str]) -> list[bool | None | BaseException]:
+        """Per key: ``True`` stored complete, ``False`` stored incomplete (to be replaced when
+        this cache holds it complete), ``None`` missing, or the backend's exception."""
+        try:
+            if hasattr(self.backend, "head_many"):
+                heads = list(self.backend.head_many(keys, HEAD_BYTES))
+                return [
+                    h if isinstance(h, BaseException) or h is None else bool(head_complete(h))
+                    for h in heads
+                ]
+            return [
+                e if isinstance(e, BaseException) else (True if e else None)
+                for e in self.backend.exists_many(keys)
+            ]
         except Exception as e:  # noqa: BLE001 - a backend failure is reported, not raised
-            exists = [e] * len(keys)
-        present = sum(1 for x in exists if x is True)
-        c = self.chunk_tokens
+            return [e] * len(keys)
+
+    def _write(self, keys: list[str], build: Any, what: str) -> SaveResult:
+        """Writes ``build(k) -> (value, complete)`` for each chunk ``k`` the store lacks or holds
+        incomplete where ours is complete."""
+        stored = self._stored(keys)
+        present = sum(1 for x in stored if x is True or x is False)
+        failed: list[tuple[int, str]] = []
         items, idx = [], []
-        for k, (key, ex) in enumerate(zip(keys, exists)):
-            if ex is True:
+        for k, (key, st) in enumerate(zip(keys, stored)):
+            if st is True:
                 continue
-            s, e = k * c, (k + 1) * c
-            blobs = [kv.save_state(e, start=s) for kv in kvs]
-            value = encode_value(tokens[s:e], blobs)
+            try:
+                value, complete = build(k)
+            except CacheError as e:
+                failed.append((k, f"{type(e).__name__}: {e}"))
+                continue
+            if st is False and not complete:
+                continue  # ours is no better than what is stored
             if len(value) > MAX_VALUE_BYTES:
                 failed.append(
                     (k, f"value of {len(value)} bytes is over the limit; lower chunk_tokens")
@@ -413,88 +240,166 @@ class PrefixStore:
         failed.sort()
         written = len(items) - sum(1 for k, _ in failed if k in idx)
         if failed:
-            self._warn(f"save could not write {len(failed)} of {len(keys)} chunks: {failed[0][1]}")
+            self._warn(
+                f"{what} could not write {len(failed)} of {len(keys)} chunks: {failed[0][1]}"
+            )
         return SaveResult(written, failed, present)
 
-    def _lookup(self, keys: list[str], tokens: list[int], n_layers: int) -> list[list[memoryview]]:
-        """Values of the leading run of keys that hit and pass every check."""
+    def save(self, cache: Any, token_ids: Sequence[int]) -> SaveResult:
+        """Writes the whole chunks of ``token_ids`` that ``cache`` holds and the store lacks (or
+        holds incomplete where ``cache`` has them complete)."""
+        kvs = _layers(cache)
+        tokens = [int(t) for t in token_ids]
+        length = min(kv.length for kv in kvs) if kvs else 0
+        layouts = _layouts(kvs)
+        keys = self._keys(self._root(layouts), tokens[:length])
+        if not keys:
+            return SaveResult(0, [], 0)
         c = self.chunk_tokens
-        hits: list[list[memoryview]] = []
+
+        def build(k: int) -> tuple[bytes, bool]:
+            s, e = k * c, (k + 1) * c
+            snaps = [kv.save_state(e, start=s) for kv in kvs]
+            complete = all(
+                check_snapshot(memoryview(b), lay, KIND_SEQ, s, e) is True
+                for b, lay in zip(snaps, layouts)
+            )
+            return encode_value(KIND_SEQ, s, e, tokens[s:e], snaps, complete), complete
+
+        return self._write(keys, build, "save")
+
+    def _get(self, keys: list[str]) -> list[Any]:
+        try:
+            return list(self.backend.get_many(keys))
+        except Exception as e:  # noqa: BLE001
+            return [e] * len(keys)
+
+    def _lookup(
+        self, keys: list[str], tokens: list[int], layouts: list[bytes]
+    ) -> list[tuple[list[memoryview], bool]]:
+        """``(snapshots, complete)`` of the leading run of keys that hit and pass every check;
+        a value that fails one is deleted."""
+        c = self.chunk_tokens
+        hits: list[tuple[list[memoryview], bool]] = []
         for b in range(0, len(keys), _LOOKUP_BATCH):
             batch = keys[b : b + _LOOKUP_BATCH]
-            try:
-                values = list(self.backend.get_many(batch))
-            except Exception as e:  # noqa: BLE001
-                values = [e] * len(batch)
-            for j, v in enumerate(values):
+            for j, v in enumerate(self._get(batch)):
                 k = b + j
                 if v is None:
                     return hits
                 if isinstance(v, BaseException):
                     self._warn(f"lookup of chunk {k} failed ({type(v).__name__}: {v}): a miss")
                     return hits
-                blobs = decode_value(v, tokens[k * c : (k + 1) * c], n_layers)
-                if isinstance(blobs, str):
-                    self._warn(f"chunk {k} is bad ({blobs}): deleted, a miss")
-                    try:
-                        self.backend.delete([keys[k]])
-                    except Exception:  # noqa: BLE001 - best effort
-                        pass
+                s, e = k * c, (k + 1) * c
+                checked = self._check(v, KIND_SEQ, s, e, tokens[s:e], layouts)
+                if isinstance(checked, str):
+                    self._warn(f"chunk {k} is bad ({checked}): deleted, a miss")
+                    self._drop([keys[k]])
                     return hits
-                hits.append(blobs)
+                hits.append(checked)
         return hits
+
+    @staticmethod
+    def _check(
+        value: Any, kind: int, s: int, e: int, tokens: list[int], layouts: list[bytes]
+    ) -> tuple[list[memoryview], bool] | str:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            return f"the backend returned {type(value).__name__}, not bytes"
+        snaps = decode_value(value, kind, s, e, tokens_bytes(tokens), len(layouts))
+        if isinstance(snaps, str):
+            return snaps
+        complete = True
+        for i, (snap, lay) in enumerate(zip(snaps, layouts)):
+            ok = check_snapshot(snap, lay, kind, s, e)
+            if isinstance(ok, str):
+                return f"layer cache {i}: {ok}"
+            complete = complete and ok
+        return snaps, complete
 
     def load(self, cache: Any, token_ids: Sequence[int]) -> int:
         """Restores the longest stored prefix of ``token_ids`` (at most ``len - 1`` tokens) into an
         empty ``cache``; returns the tokens restored (0 on a miss or a non-empty cache).
 
-        An :class:`~offgraph_kv.hf.OffgraphCache` whose layers have not run yet does not know the
-        model's dtype, which its pools (and so the keys) depend on: the store tries the config's
-        dtype, then float32, bfloat16 and float16, and keeps the first that hits."""
-        if getattr(cache, "fresh", None) is not None and cache.fresh():
-            for dtype in (
-                None,
-                torch_dtype("float32"),
-                torch_dtype("bfloat16"),
-                torch_dtype("float16"),
-            ):
-                cache.kv_caches(model_dtype=dtype)
-                restored = self._load(cache, token_ids)
-                if restored:
-                    return restored
-            return 0
-        return self._load(cache, token_ids)
-
-    def _load(self, cache: Any, token_ids: Sequence[int]) -> int:
-        kvs = _layers(cache)
+        An :class:`~offgraph_kv.hf.OffgraphCache` whose layers have not run yet gets the pools a
+        forward of the bound model would give it (its ``kv_dtype``, else the model's dtype, else
+        the config's): one dtype, never a guess among several."""
         tokens = [int(t) for t in token_ids]
-        if not kvs or any(kv.length for kv in kvs):
-            return 0
         usable = max(len(tokens) - 1, 0)
-        keys = self._keys(_fingerprint(kvs), tokens[:usable])
-        if not keys:
-            if hasattr(cache, "drop_empty_layers"):
-                cache.drop_empty_layers()
-            return 0
-        restored = self._restore(kvs, self._lookup(keys, tokens, len(kvs)))
+        if self.identity is None:
+            self._root([])  # raises: no model identity
+        if getattr(cache, "fresh", None) is not None and cache.fresh():
+            if usable < self.chunk_tokens:
+                return 0
+            cache.kv_caches(model_dtype=self.model_dtype)
+        try:
+            restored = self._load(cache, tokens, usable)
+        except CacheError as e:  # a refusal of the core is a miss, whatever it is
+            self._warn(f"load refused ({type(e).__name__}: {e}): a miss")
+            restored = 0
         if not restored and hasattr(cache, "drop_empty_layers"):
             cache.drop_empty_layers()
         return restored
 
-    def _restore(self, kvs: Sequence[Any], hits: list[list[memoryview]]) -> int:
-        # Try the longest chain first; the core refuses a chain whose ring tail has a hole.
-        for n in range(len(hits), 0, -1):
-            if not all(_okv.snapshot_info(b)["complete"] for b in hits[n - 1]):
+    def _load(self, cache: Any, tokens: list[int], usable: int) -> int:
+        kvs = _layers(cache)
+        if not kvs or any(kv.length for kv in kvs):
+            return 0
+        layouts = _layouts(kvs)
+        keys = self._keys(self._root(layouts), tokens[:usable])
+        if not keys:
+            return 0
+        return self._restore(kvs, keys, self._lookup(keys, tokens, layouts))
+
+    def _restore(
+        self, kvs: Sequence[Any], keys: list[str], hits: list[tuple[list[memoryview], bool]]
+    ) -> int:
+        # Longest chain first; the core refuses a chain whose ring tail has a hole.
+        n = len(hits)
+        while n > 0:
+            if not hits[n - 1][1]:
+                n -= 1
                 continue
             try:
                 for i, kv in enumerate(kvs):
-                    kv.load_state([hits[k][i] for k in range(n)])
-            except SnapshotError:
+                    kv.load_state([hits[k][0][i] for k in range(n)])
+                return n * self.chunk_tokens
+            except CacheError as e:
                 for kv in kvs:
                     kv.clear()
-                continue
-            return n * self.chunk_tokens
+                bad = self._damaged(hits[:n])
+                if bad is None:
+                    self._warn(f"chain of {n} chunks refused ({e}): trying a shorter one")
+                    n -= 1
+                    continue
+                self._warn(f"chunk {bad} is damaged ({e}): deleted, a miss")
+                self._drop([keys[bad]])
+                n = bad
         return 0
+
+    @staticmethod
+    def _damaged(hits: list[tuple[list[memoryview], bool]]) -> int | None:
+        """The first chunk holding a snapshot the core does not read (checksum and all)."""
+        for k, (snaps, _) in enumerate(hits):
+            for snap in snaps:
+                try:
+                    _okv.snapshot_info(snap)
+                except CacheError:
+                    return k
+        return None
+
+    def save_seq(self, kc: Any, seq: int, token_ids: Sequence[int]) -> SaveResult:
+        """Writes the whole-chunk prefixes of a :class:`~offgraph_kv.KvCellCache` sequence that
+        holds ``token_ids`` (see :mod:`offgraph_kv.store_cells`)."""
+        from .store_cells import save_seq
+
+        return save_seq(self, kc, seq, token_ids)
+
+    def load_seq(self, kc: Any, token_ids: Sequence[int]) -> tuple[int | None, int]:
+        """Restores the longest stored prefix of ``token_ids`` (at most ``len - 1`` tokens) as a
+        new sequence of ``kc``: ``(seq_id, tokens)``, or ``(None, 0)`` on a miss."""
+        from .store_cells import load_seq
+
+        return load_seq(self, kc, token_ids)
 
     def stats(self) -> dict[str, int]:
         """Keys and value bytes under this store's namespace."""
@@ -507,5 +412,5 @@ class PrefixStore:
     def __repr__(self) -> str:
         return (
             f"PrefixStore({self.backend!r}, chunk_tokens={self.chunk_tokens}, "
-            f"namespace={self.namespace!r})"
+            f"namespace={self.namespace!r}, bound={self.identity is not None})"
         )

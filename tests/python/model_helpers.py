@@ -58,10 +58,10 @@ _CLASSES = {
 }
 
 
-def tiny_model(name: str, dtype: torch.dtype = torch.float32, **over):
-    """A tiny random-weight model (seed 0) in eval mode, with no eos and pad 0 so that
-    ``generate`` runs its full length."""
-    torch.manual_seed(0)
+def tiny_model(name: str, dtype: torch.dtype = torch.float32, seed: int = 0, **over):
+    """A tiny random-weight model (weights from ``seed``) in eval mode, with no eos and pad 0 so
+    that ``generate`` runs its full length."""
+    torch.manual_seed(seed)
     model = _CLASSES[name](tiny_config(name, **over)).to(dtype).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -94,8 +94,9 @@ def reference(model, prompt: list[int], n: int, eos=None) -> tuple[list[int], li
                 if t in eos:
                     toks = toks[: i + 1]
                     break
-        _REFS[key] = (toks, [x[0] for x in out.logits])
-    return _REFS[key]
+        # The entry keeps the model alive, so its id is never reused by another model.
+        _REFS[key] = (model, toks, [x[0] for x in out.logits])
+    return _REFS[key][1:]
 
 
 def assert_greedy_matches(ref: tuple[list[int], list[torch.Tensor]], got: list[int]) -> None:

@@ -132,6 +132,9 @@ class OffgraphLayer(CacheLayerMixin):
         if not runs:
             empty = torch.empty(self.batch_size, self.n_heads, 0, self.head_dim, dtype=self.dtype)
             return empty, empty
+        if self._views is None:  # rows restored without a write (a prefix-store load)
+            assert self.kv is not None
+            self._pool(self.kv.spec(0))
         assert self._views is not None
         kp, vp = self._views[2], self._views[3]
         if len(runs) == 1:

@@ -66,7 +66,7 @@ def run_role(role: str, url: str, prompt_len: int, new_tokens: int, namespace: s
 
     model = load_gemma()
     backend = MemoryBackend() if url == "memory" else RedisBackend(url)
-    store = PrefixStore(backend, namespace=namespace)
+    store = PrefixStore(backend, namespace=namespace, model=model)
     tokens = demo_prompt(prompt_len)
     cache = OffgraphCache(model.config)
     if role == "save":

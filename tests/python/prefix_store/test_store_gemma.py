@@ -24,7 +24,7 @@ def test_second_process_generates_what_a_full_prefill_does(gemma, redis_server):
     cache = OffgraphCache(model.config)
     with torch.no_grad():
         model(torch.tensor([tokens]), cache=cache, use_cache=True)
-    store = PrefixStore(RedisBackend(redis_server.url), namespace="gemma-test")
+    store = PrefixStore(RedisBackend(redis_server.url), namespace="gemma-test", model=model)
     store.clear()
     assert store.save(cache, tokens) == PROMPT // 256
     cmd = [sys.executable, "-m", "offgraph_kv.tools.store_demo", "load", "--url", redis_server.url]
@@ -42,7 +42,7 @@ def test_in_process_memory_hit_matches_and_restores_every_layer(gemma):
     model, _ = gemma
     tokens = demo_prompt(600, seed=1)
     full = generate(model, tokens, OffgraphCache(model.config), NEW)
-    store = PrefixStore(MemoryBackend(1 << 30), chunk_tokens=128)
+    store = PrefixStore(MemoryBackend(1 << 30), chunk_tokens=128, model=model)
     cache = OffgraphCache(model.config)
     with torch.no_grad():
         model(torch.tensor([tokens]), cache=cache, use_cache=True)
