@@ -6,7 +6,8 @@ work, and sends each request's tokens back to the loop with ``call_soon_threadsa
 
 Admission control happens in :meth:`Engine.submit`, on the caller's thread, before anything is
 queued: a request that can never fit the cache is refused (``context_length_exceeded``), and
-beyond ``max_queue`` requests waiting for their first token the server answers 503.
+beyond ``max_queue`` requests waiting for their first token (a request with ``n`` choices counts
+once) the server answers 503.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue  # (index, kind, arg), shared by the choices of one request
     index: int = 0  # the choice's index in its request
+    # Shared by the choices of one request: [True] once one of them has started. The queue
+    # counts requests, not choices.
+    ticket: list[bool] = field(default_factory=lambda: [False])
     rid: int | None = None
-    started: bool = False  # first token produced (no longer counts as waiting)
+    started: bool = False  # first token produced
     ended: bool = False
     cached_tokens: int = 0
     submitted: float = field(default_factory=time.perf_counter)
@@ -61,7 +65,7 @@ class Engine:
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._waiting = 0  # submitted jobs without their first token
+        self._waiting = 0  # submitted requests none of whose choices has started
         self._closing = False
         self._jobs: dict[int, Job] = {}  # rid -> job (engine thread only)
         self._thread = threading.Thread(target=self._run, name="offgraph-kv-engine", daemon=True)
@@ -105,12 +109,13 @@ class Engine:
         or the server is shutting down."""
         for job in jobs:
             self.check_fits(job.prompt, job.max_tokens)
+            job.ticket = jobs[0].ticket
         with self._lock:
             if self._closing:
                 raise ApiError(
                     503, "the server is shutting down", "server_error", code="shutting_down"
                 )
-            if self._waiting + len(jobs) > self.max_queue:
+            if self._waiting + 1 > self.max_queue:
                 raise ApiError(
                     503,
                     f"the queue is full ({self._waiting} requests waiting, at most "
@@ -119,7 +124,7 @@ class Engine:
                     code="queue_full",
                     headers={"Retry-After": "1"},
                 )
-            self._waiting += len(jobs)
+            self._waiting += 1
         self.metrics.waiting.set(self._waiting)
         self._inbox.put(("add", jobs))
         self._wake.set()
@@ -242,6 +247,9 @@ class Engine:
         self._publish()
 
     def _started(self, job: Job) -> None:
+        if job.ticket[0]:
+            return
+        job.ticket[0] = True
         with self._lock:
             self._waiting -= 1
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import logging
 import os
 import signal
@@ -107,12 +106,10 @@ def build(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     model, tok, name = load(args.model)
     kw: dict[str, Any] = {}
-    if args.store:
-        if "store" not in inspect.signature(BatchGenerator).parameters:
-            raise SystemExit("--store: this build's BatchGenerator cannot use a prefix store")
+    if args.store:  # loaded on admission, saved as each prefill passes a chunk's end
         from ..store import PrefixStore, RedisBackend
 
-        kw["store"] = PrefixStore(RedisBackend(args.store))
+        kw["store"] = PrefixStore(RedisBackend(args.store), model=model)
     gen = BatchGenerator(
         model,
         n_cells=args.n_cells,
