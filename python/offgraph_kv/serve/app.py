@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import protocol as P
 from .engine import Engine, Job
-from .loading import stop_token_ids
+from .loading import chat_ids, stop_token_ids
 
 DEFAULT_MAX_TOKENS = 16  # /v1/completions, as OpenAI's
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -78,10 +78,10 @@ class Server:
         if chat:
             if self.tok is None:
                 raise P.ApiError(400, "this model has no tokenizer: use /v1/completions with ids")
-            text = self.tok.apply_chat_template(
-                req.chat(), add_generation_prompt=True, tokenize=False
-            )
-            return list(self.tok(text, add_special_tokens=False)["input_ids"])
+            try:
+                return chat_ids(self.tok, req.chat())
+            except Exception as e:  # no template, or a template that refuses these messages
+                raise P.ApiError(400, f"messages: {e}", param="messages") from None
         prompt = req.prompt_input()
         if isinstance(prompt, list):
             return [int(t) for t in prompt]

@@ -75,10 +75,24 @@ def load(spec: str) -> tuple[Any, Any, str]:
         tok = AutoTokenizer.from_pretrained(where, **kw)
     except (OSError, ValueError, TypeError):  # a directory without tokenizer files
         tok = None
-    if tok is not None and not getattr(tok, "chat_template", None):
+    if tok is not None:
+        with_chat_template(tok, model)
+    return model, tok, name
+
+
+def with_chat_template(tok: Any, model: Any) -> Any:
+    """``tok``, given the model family's chat template where it carries none (Gemma 3)."""
+    if not getattr(tok, "chat_template", None):
         if getattr(model.config, "model_type", "").startswith("gemma3"):
             tok.chat_template = GEMMA3_TEMPLATE
-    return model, tok, name
+    return tok
+
+
+def chat_ids(tok: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt of a chat: the template's text (it holds the special tokens it wants, BOS
+    included), tokenized without adding more."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
 def stop_token_ids(tok: Any) -> frozenset[int]:
