@@ -238,9 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         args.requests, args.concurrency, args.system_tokens, args.new_tokens = 8, 4, 128, 8
         args.no_transformers = True
 
-    from offgraph_kv.serve.loading import load
+    from offgraph_kv.serve.loading import GEMMA3_TEMPLATE, load, resolve
+    from transformers import AutoTokenizer
 
-    model, tok, name = load("gemma-3-270m")
+    where, gguf, name = resolve("gemma-3-270m")
+    tok = AutoTokenizer.from_pretrained(where, gguf_file=gguf)
+    tok.chat_template = tok.chat_template or GEMMA3_TEMPLATE
     convs = workload(tok, args.requests, args.system_tokens)
     print(
         f"workload: {args.requests} chat requests, {args.concurrency} concurrent, a shared "
@@ -268,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"offgraph-kv serve: done (exit {rc})", flush=True)
         if not args.no_transformers:
             local = Path(tmp) / "gemma-3-270m"
+            model, tok, _ = load("gemma-3-270m")
             model.save_pretrained(local)
             tok.save_pretrained(local)
             del model
