@@ -127,6 +127,32 @@ def test_eos_ends_a_request_and_frees_its_cells():
     assert gen.stats["cells_used"] == 0 and gen.kc.live_seqs == []
 
 
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_cancel_drops_running_and_waiting_requests_and_frees_their_cells(prefix_cache):
+    model = tiny()
+    ps = [rand_tokens(10, 60 + i) for i in range(3)]
+    # 40 cells: two requests of 19 tokens run, the third waits.
+    gen = BatchGenerator(model, n_cells=40, max_batch_tokens=32, prefix_cache=prefix_cache)
+    a, b, c = (gen.add(p, 10) for p in ps)
+    gen.step()
+    gen.step()
+    assert gen.stats["running"] == 2 and gen.stats["waiting"] == 1
+    used = gen.stats["cells_used"]
+    assert gen.cancel(a) and gen.cancel(c)  # one running, one waiting
+    assert not gen.cancel(a) and not gen.cancel(12345)  # gone, or never there
+    st = gen.stats
+    assert st["running"] == 1 and st["waiting"] == 0 and st["requests_cancelled"] == 2
+    if prefix_cache:  # what it held stays as prefix cache, as a finished request's does
+        assert st["cached_sequences"] == 1 and st["cells_used"] == used
+    else:
+        assert st["cells_used"] < used and len(gen.kc.live_seqs) == 1
+    assert gen.kc.audit() is None
+    done = gen.run()
+    assert list(done) == [b] and done[b] == reference(model, ps[1], 10)[0]
+    assert gen.kc.audit() is None
+    assert sorted(gen.kc.live_seqs) == sorted(gen._cached)
+
+
 def test_prefix_cache_is_evicted_lru_when_cells_are_needed():
     model = tiny()
     gen = BatchGenerator(model, n_cells=48, max_batch_tokens=16)
