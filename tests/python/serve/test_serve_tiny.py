@@ -61,6 +61,26 @@ def test_models_lists_the_served_name(server, model_dir):
     assert [m.id for m in models.data] == [name(model_dir)]
 
 
+def test_metrics_and_health_name_what_they_count(server):
+    text = server.text("/metrics")
+    for name in [
+        "offgraph_kv_requests_running",
+        "offgraph_kv_requests_waiting",
+        "offgraph_kv_cells_used",
+        "offgraph_kv_cells_free",
+        "offgraph_kv_cells_cached",
+        "offgraph_kv_prompt_tokens_total",
+        "offgraph_kv_cached_tokens_total",
+        "offgraph_kv_generated_tokens_total",
+        "offgraph_kv_step_seconds_bucket",
+        "offgraph_kv_time_to_first_token_seconds_bucket",
+    ]:
+        assert f"\n{name}" in text, name
+    h = server.get("/health?audit=true")
+    assert h["status"] == "ok" and h["audit"] == "ok"
+    assert h["cells_used"] + h["cells_free"] == h["cells_total"] == 2000
+
+
 def test_greedy_completion_equals_generate_whole_and_streamed(server, model, model_dir):
     client = server.client()
     p = prompt(20, 1)
