@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             rc = okv.stop()
         res["offgraph-kv"] = summary(r)
-        print(f"offgraph-kv serve: done (exit {rc})", flush=True)
+        print(f"offgraph-kv serve (exit {rc}): {json.dumps(res['offgraph-kv'])}", flush=True)
         if not args.no_transformers:
             local = Path(tmp) / "gemma-3-270m"
             model, tok, _ = load("gemma-3-270m")
@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 tf.stop()
             res["transformers"] = summary(r)
+            print(f"transformers serve: {json.dumps(res['transformers'])}", flush=True)
     print(table(res))
     if args.json:
         with open(args.json, "w") as f:

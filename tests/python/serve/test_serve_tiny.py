@@ -219,10 +219,11 @@ def test_queue_limit_503_and_a_disconnect_cancels(server, model_dir):
 
 
 def test_sigterm_mid_stream_finishes_the_stream_and_exits_0(model_dir):
-    s = Server(model_dir, "--max-batch-tokens", "64")
+    # In-flight requests may finish for up to --shutdown-timeout seconds (then they are cut).
+    s = Server(model_dir, "--max-batch-tokens", "64", "--shutdown-timeout", "600")
     try:
         stream = s.client().completions.create(
-            model=name(model_dir), prompt=[5, 6, 7], max_tokens=300, temperature=0, stream=True
+            model=name(model_dir), prompt=[5, 6, 7], max_tokens=100, temperature=0, stream=True
         )
         it = iter(stream)
         next(it)
