@@ -172,7 +172,9 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
     async def health(audit: bool = False) -> Response:
         if not engine.alive:
             return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
-        st = await engine.call(engine.audit if audit else engine.state)
+        # The audit runs on the engine thread between steps; the plain figures are the last
+        # step's, so a health check never waits for a forward.
+        st = await engine.call(engine.audit) if audit else engine.last_state
         return JSONResponse({"status": "ok", **st})
 
     @app.get("/metrics")

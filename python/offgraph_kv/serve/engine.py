@@ -70,6 +70,8 @@ class Engine:
         self._jobs: dict[int, Job] = {}  # rid -> job (engine thread only)
         self._thread = threading.Thread(target=self._run, name="offgraph-kv-engine", daemon=True)
         self.error: BaseException | None = None
+        # The figures after the last step: read without waiting for the step that runs.
+        self.last_state: dict[str, Any] = self.state()
 
     # -- the loop's side --------------------------------------------------------------------------
 
@@ -267,7 +269,7 @@ class Engine:
         job.send(outcome, detail)
 
     def _publish(self) -> None:
-        st = self.state()
+        st = self.last_state = self.state()
         m = self.metrics
         m.running.set(st["running"])
         m.waiting.set(self._waiting)
