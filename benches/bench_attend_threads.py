@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import offgraph_kv as okv
-from offgraph_kv.bench import decode_spec
+from offgraph_kv.tools.bench import decode_spec
 
 
 def make_spec(context: int):

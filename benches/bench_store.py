@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from offgraph_kv.hf import OffgraphCache
 from offgraph_kv.store import MemoryBackend, PrefixStore, RedisBackend
-from offgraph_kv.store_demo import demo_prompt, load_gemma
+from offgraph_kv.tools.store_demo import demo_prompt, load_gemma
 
 PREFIX, NEW, CHUNK = 2048, 32, 256
 

@@ -15,82 +15,20 @@ from __future__ import annotations
 import offgraph_kv as okv
 import pytest
 import torch
+from model_helpers import assert_greedy_matches, reference, tiny_config, tiny_model
 from offgraph_kv.hf import BatchGenerator
-from transformers import (
-    DynamicCache,
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+from transformers import Gemma2ForCausalLM
 
 torch.set_num_threads(2)
 
-TIE = 5e-3  # logits margin under which the top-2 of the reference count as a near-tie
-
-TINY = dict(
-    num_hidden_layers=6,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=128,
-)
-
 
 def tiny(name: str = "gemma3"):
-    torch.manual_seed(0)
-    if name == "gemma3":
-        model = Gemma3ForCausalLM(Gemma3TextConfig(sliding_window=8, **TINY))
-    elif name == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**TINY))
-    else:
-        raise ValueError(name)
-    model.eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+    return tiny_model(name, num_hidden_layers=6)
 
 
 def rand_tokens(n: int, seed: int, lo: int = 1, hi: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(lo, hi, (n,), generator=g).tolist()
-
-
-_REFS: dict = {}
-
-
-def reference(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy tokens and per-token logits of ``model.generate`` alone, with DynamicCache."""
-    key = (id(model), tuple(prompt), n)
-    if key not in _REFS:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt]),
-                cache=DynamicCache(config=model.config),
-                max_new_tokens=n,
-                do_sample=False,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        _REFS[key] = (out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits])
-    return _REFS[key]
-
-
-def assert_greedy_matches(ref: tuple[list[int], list[torch.Tensor]], got: list[int]) -> None:
-    toks, logits = ref
-    for i, (a, b) in enumerate(zip(toks, got)):
-        if a != b:
-            top = torch.topk(logits[i].float(), 2)
-            margin = float(top.values[0] - top.values[1])
-            assert b == int(top.indices[1]) and margin < TIE, (
-                f"token {i}: generate gave {a}, the batch {b}; reference top-2 margin {margin}"
-            )
-            return  # a near-tie: the continuations may legitimately differ from here
-    assert len(got) == len(toks), (got, toks)
 
 
 # -- tiny random-weight models: the scheduler ------------------------------------------------
@@ -187,6 +125,32 @@ def test_eos_ends_a_request_and_frees_its_cells():
     assert done[rid] == ref[: k + 1] and done[rid][-1] == eos
     assert done[rid2] == reference(model, other, 12)[0]
     assert gen.stats["cells_used"] == 0 and gen.kc.live_seqs == []
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_cancel_drops_running_and_waiting_requests_and_frees_their_cells(prefix_cache):
+    model = tiny()
+    ps = [rand_tokens(10, 60 + i) for i in range(3)]
+    # 40 cells: two requests of 19 tokens run, the third waits.
+    gen = BatchGenerator(model, n_cells=40, max_batch_tokens=32, prefix_cache=prefix_cache)
+    a, b, c = (gen.add(p, 10) for p in ps)
+    gen.step()
+    gen.step()
+    assert gen.stats["running"] == 2 and gen.stats["waiting"] == 1
+    used = gen.stats["cells_used"]
+    assert gen.cancel(a) and gen.cancel(c)  # one running, one waiting
+    assert not gen.cancel(a) and not gen.cancel(12345)  # gone, or never there
+    st = gen.stats
+    assert st["running"] == 1 and st["waiting"] == 0 and st["requests_cancelled"] == 2
+    # a cancelled request's cells are freed, prefix cache or not (a client that left)
+    assert st["cached_sequences"] == 0 and st["cells_used"] < used
+    assert len(gen.kc.live_seqs) == 1
+    assert gen.kc.audit() is None
+    done = gen.run()  # cancelled requests report what they had produced
+    assert sorted(done) == sorted([a, b, c]) and done[c] == [] and len(done[a]) == 1
+    assert done[b] == reference(model, ps[1], 10)[0]
+    assert gen.kc.audit() is None
+    assert sorted(gen.kc.live_seqs) == sorted(gen._cached)
 
 
 def test_prefix_cache_is_evicted_lru_when_cells_are_needed():
@@ -288,7 +252,7 @@ def test_bad_constructor_arguments():
     with pytest.raises(okv.CacheError):
         BatchGenerator(model, n_cells=0)
     torch.manual_seed(0)
-    g2 = Gemma2ForCausalLM(Gemma2Config(sliding_window=8, **TINY)).eval()
+    g2 = Gemma2ForCausalLM(tiny_config("gemma2", num_hidden_layers=6)).eval()
     with pytest.raises(NotImplementedError, match="softcap"):
         BatchGenerator(g2, n_cells=64)
 

@@ -1,6 +1,6 @@
 """``offgraph-kv bench --quick`` writes a table and plots (the CI-sized run)."""
 
-from offgraph_kv.cli import main
+from offgraph_kv.tools.cli import main
 
 
 def test_bench_quick_writes_table_and_plots(tmp_path, capsys):

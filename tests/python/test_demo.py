@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 import pytest
-from offgraph_kv.cli import main
-from offgraph_kv.demo import run_demo
-from offgraph_kv.demo_model import DemoConfig, integers, stream_key, uniform
+from offgraph_kv.tools.cli import main
+from offgraph_kv.tools.demo import run_demo
+from offgraph_kv.tools.demo_model import DemoConfig, integers, stream_key, uniform
 
 TINY = DemoConfig(n_layers=6, window=8, hidden=32, n_q_heads=4, n_kv_heads=2, head_dim=8, vocab=64)
 

@@ -11,50 +11,18 @@ import numpy as np
 import offgraph_kv as okv
 import pytest
 import torch
+from model_helpers import tiny_config, tiny_model
 from offgraph_kv import hf
 from offgraph_kv.hf import ATTN_NAME, OffgraphCache
-from transformers import (
-    DynamicCache,
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-)
+from transformers import DynamicCache, LlamaForCausalLM
 
 torch.set_num_threads(2)
 
-TINY = dict(
-    num_hidden_layers=2,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=128,
-)
-
 
 def make(name: str, attn: str = "sdpa", dtype: torch.dtype = torch.float32):
-    torch.manual_seed(0)
-    if name == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**TINY))
-    elif name == "mistral":
-        model = MistralForCausalLM(MistralConfig(sliding_window=8, **TINY))
-    elif name == "gemma2":
-        model = Gemma2ForCausalLM(Gemma2Config(sliding_window=8, **TINY))
-    elif name == "gemma3":
-        cfg = Gemma3TextConfig(sliding_window=8, **{**TINY, "num_hidden_layers": 6})
-        model = Gemma3ForCausalLM(cfg)
-    else:
-        raise ValueError(name)
-    model = model.to(dtype).eval()
+    over = {"num_hidden_layers": 6} if name == "gemma3" else {}
+    model = tiny_model(name, dtype, **over)
     model.set_attn_implementation(attn)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
     return model
 
 
@@ -261,7 +229,7 @@ def test_deep_crop_of_a_ring_layer_is_refused():
 
 
 def test_unsupported_layer_types_are_refused():
-    cfg = LlamaConfig(**TINY)
+    cfg = tiny_config("llama")
     cfg.layer_types = ["full_attention", "chunked_attention"]
     cfg.attention_chunk_size = 4
     with pytest.raises(NotImplementedError):
@@ -345,9 +313,7 @@ def _state(cache: OffgraphCache) -> list:
 def test_refused_crop_changes_no_layer():
     """transformers' Cache.crop crops layer by layer: a ring layer refusing after a flat layer
     was cropped would leave the layers at different lengths. Every layer is checked first."""
-    cfg = Gemma3TextConfig(
-        sliding_window=8, layer_types=["full_attention", "sliding_attention"], **TINY
-    )
+    cfg = tiny_config("gemma3", layer_types=["full_attention", "sliding_attention"])
     cache = OffgraphCache(cfg, max_step=8)
     assert [layer.is_sliding for layer in cache.layers] == [False, True]
     rng = torch.Generator().manual_seed(3)
@@ -413,7 +379,7 @@ def test_pools_default_to_the_model_dtype_and_views_stay_zero_copy():
 def test_kv_dtype_by_name_offgraph_attention_matches_sdpa_over_the_same_rows(kv_dtype):
     # head_dim 32 so q8_0 applies; both runs read the same rounded rows, so their logits agree
     # to float32 accumulation order, and both stay close to a float32 cache.
-    cfg = LlamaConfig(**{**TINY, "head_dim": 32, "hidden_size": 128})
+    cfg = tiny_config("llama", head_dim=32, hidden_size=128)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     ids = prompt(20)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from offgraph_kv.demo import run_demo
-from offgraph_kv.demo_model import (
+from offgraph_kv.tools.demo import run_demo
+from offgraph_kv.tools.demo_model import (
     DemoConfig,
     fork_token,
     make_weights,

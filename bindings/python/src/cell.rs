@@ -190,6 +190,12 @@ cache_methods! {
         let table = opt_index(table, "table")?.unwrap_or(0);
         read(slf, "shared_cells", |c| c.shared_cells(table))
     }
+    /// Checks every invariant of the bookkeeping (diagnostics and tests;
+    /// O(n_cells x words + held entries)): None when they hold, else the
+    /// first violation.
+    fn audit(slf: &Bound<'_, Self>) -> PyResult<Option<String>> {
+        Ok(borrow(slf, "audit")?.inner.cells().audit().err())
+    }
     /// Admission and placement, all or nothing: one entry per token.
     fn begin_step(
         slf: &Bound<'_, Self>,

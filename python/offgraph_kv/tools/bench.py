@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _native as n
+from .. import _native as n
 
 HEADS, DIM, LAYERS, Q_HEADS = 8, 128, 32, 32
 _FLUSH = None

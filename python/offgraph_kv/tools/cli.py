@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import _native as n
+from .. import _native as n
 
 
 def gemma_like_config(
@@ -151,7 +151,7 @@ def cmd_store(args: argparse.Namespace) -> int:
         from .store_demo import two_processes
 
         return two_processes(args.url, args.prompt_len, args.new_tokens)
-    from .store import MemoryBackend, RedisBackend
+    from ..store import MemoryBackend, RedisBackend
 
     backend = MemoryBackend() if args.url == "memory" else RedisBackend(args.url)
     prefix = f"okv:{args.namespace}:" if args.namespace else "okv:"
@@ -197,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve_demo import add_arguments as _serve_args
 
     _serve_args(serve, _positive)
+    serve_http = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API (the [serve] extra)"
+    )
+    from ..serve.run import add_arguments as _serve_http_args
+
+    _serve_http_args(serve_http, _positive)
     plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
     plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
     plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")

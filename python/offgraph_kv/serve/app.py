@@ -1,0 +1,288 @@
+"""The HTTP app: OpenAI's completions and chat completions (whole or streamed), models, health
+and metrics, over an :class:`~offgraph_kv.serve.engine.Engine`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import protocol as P
+from .engine import Engine, Job
+from .loading import chat_ids, stop_token_ids
+
+DEFAULT_MAX_TOKENS = 16  # /v1/completions, as OpenAI's
+DEFAULT_CHAT_MAX_TOKENS = 256
+
+
+@dataclass
+class _Choice:
+    """One choice's text as it is produced: detokenized incrementally, cut at a stop string."""
+
+    job: Job
+    tok: Any
+    stops: list[str]
+    ids: list[int] = field(default_factory=list)
+    text: str = ""  # the text so far, stop string excluded
+    sent: int = 0  # characters of `text` already streamed
+    reason: str | None = None  # set once the choice is over
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+        if self.tok is None:
+            self.text = " ".join(str(t) for t in self.ids)  # a model without a tokenizer
+            return
+        self.text = self.tok.decode(self.ids, skip_special_tokens=True)
+        for s in self.stops:
+            i = self.text.find(s)
+            if i >= 0:
+                self.text = self.text[:i]
+                self.reason = "stop"
+
+    def pending(self) -> str:
+        """Text that is safe to send now: not a possible start of a stop string, not a partial
+        UTF-8 character (the decoder's U+FFFD), unless the choice is over."""
+        end = len(self.text)
+        if self.reason is None:
+            while end > self.sent and self.text[end - 1] == "\ufffd":
+                end -= 1
+            for s in self.stops:
+                for k in range(min(len(s) - 1, end - self.sent), 0, -1):
+                    if self.text[end - k : end] == s[:k]:
+                        end -= k
+                        break
+        out = self.text[self.sent : end]
+        self.sent = end
+        return out
+
+
+class Server:
+    """The app's state: the engine, the tokenizer, the served name."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, model_name: str):
+        self.engine = engine
+        self.tok = tokenizer
+        self.model_name = model_name
+        self.eos = stop_token_ids(tokenizer)
+        self.created = int(time.time())
+
+    def prompt_ids(self, req: Any, chat: bool) -> list[int]:
+        if chat:
+            if self.tok is None:
+                raise P.ApiError(400, "this model has no tokenizer: use /v1/completions with ids")
+            try:
+                return chat_ids(self.tok, req.chat())
+            except Exception as e:  # no template, or a template that refuses these messages
+                raise P.ApiError(400, f"messages: {e}", param="messages") from None
+        prompt = req.prompt_input()
+        if isinstance(prompt, list):
+            return [int(t) for t in prompt]
+        if self.tok is None:
+            raise P.ApiError(
+                400, "this model has no tokenizer: send the prompt as token ids", param="prompt"
+            )
+        ids = list(self.tok(prompt)["input_ids"])
+        if not ids:
+            raise P.ApiError(400, "prompt: no tokens", param="prompt")
+        return ids
+
+    def jobs(self, req: Any, chat: bool) -> tuple[list[Job], list[int], asyncio.Queue]:
+        if req.model != self.model_name:
+            raise P.ApiError(
+                404,
+                f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        ids = self.prompt_ids(req, chat)
+        max_tokens = req.max_tokens
+        if chat and max_tokens is None:
+            max_tokens = req.max_completion_tokens or DEFAULT_CHAT_MAX_TOKENS
+        max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        jobs = [
+            Job(
+                prompt=ids,
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                seed=None if req.seed is None else req.seed + i,
+                eos=self.eos,
+                loop=loop,
+                events=events,
+                index=i,
+            )
+            for i in range(req.n)
+        ]
+        return jobs, ids, events
+
+
+def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
+    srv = Server(engine, tokenizer, model_name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, engine.close, 30.0)
+
+    app = FastAPI(title="offgraph-kv", lifespan=lifespan)
+    app.state.server = srv
+
+    @app.exception_handler(P.ApiError)
+    async def api_error(request: Request, e: P.ApiError) -> JSONResponse:
+        if e.status >= 500 or e.code == "context_length_exceeded":
+            engine.metrics.requests.labels(outcome="rejected").inc()
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        return await _complete(srv, request, chat=False)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(srv, request, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": srv.model_name,
+                    "object": "model",
+                    "created": srv.created,
+                    "owned_by": "offgraph-kv",
+                }
+            ],
+        }
+
+    @app.get("/health", response_model=None)
+    async def health(audit: bool = False) -> Response:
+        if not engine.alive:
+            return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
+        # The audit runs on the engine thread between steps; the plain figures are the last
+        # step's, so a health check never waits for a forward.
+        st = await engine.call(engine.audit) if audit else engine.last_state
+        return JSONResponse({"status": "ok", **st})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _complete(srv: Server, request: Request, chat: bool) -> Response:
+    req = P.parse(await request.body(), P.ChatRequest if chat else P.CompletionRequest)
+    stops = req.stop_strings()
+    jobs, ids, events = srv.jobs(req, chat)
+    srv.engine.submit(jobs)
+    rid = P.new_id("chatcmpl" if chat else "cmpl")
+    choices = [_Choice(job, srv.tok, stops) for job in jobs]
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(
+            _stream(srv, request, chat, rid, choices, events, len(ids), include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    try:
+        async for _ in _events(srv, request, choices, events):
+            pass
+    finally:
+        for c in choices:
+            srv.engine.cancel(c.job)
+    errors = [c for c in choices if c.reason == "error"]
+    if errors:
+        raise P.ApiError(500, errors[0].text or "generation failed", "server_error")
+    use = _usage(choices, len(ids))
+    body = P.response(chat, rid, srv.model_name, [(c.text, c.reason) for c in choices], use)
+    return JSONResponse(body)
+
+
+def _usage(choices: list[_Choice], n_prompt: int) -> dict[str, Any]:
+    # One prompt for every choice; its cached tokens are those the first choice found shared
+    # (the other choices fork that choice's prefilled prompt).
+    done = sum(len(c.ids) for c in choices)
+    return P.usage(n_prompt, done, choices[0].job.cached_tokens)
+
+
+async def _events(
+    srv: Server, request: Request, choices: list[_Choice], events: asyncio.Queue
+) -> AsyncIterator[int]:
+    """Apply the engine's events to the choices; yields the index of each choice that changed.
+    Ends when every choice is over. A client that went away cancels what is left."""
+    open_ = len(choices)
+    while open_:
+        try:
+            index, kind, arg = await asyncio.wait_for(events.get(), timeout=1.0)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                return
+            continue
+        c = choices[index]
+        if c.reason is not None:
+            continue  # over already (a stop string): late events do not count
+        if kind == "token":
+            c.add(arg)
+            if c.reason is not None:
+                srv.engine.cancel(c.job)
+        elif kind == "finished":
+            c.reason = arg
+        elif kind == "error":
+            c.reason, c.text = "error", str(arg)
+        else:  # cancelled by shutdown
+            c.reason = "length"
+        if c.reason is not None:
+            open_ -= 1
+        yield index
+
+
+async def _stream(
+    srv: Server,
+    request: Request,
+    chat: bool,
+    rid: str,
+    choices: list[_Choice],
+    events: asyncio.Queue,
+    n_prompt: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    name = srv.model_name
+    first = [True] * len(choices)
+    try:
+        if chat:  # the role comes first, as OpenAI's streams do
+            for i in range(len(choices)):
+                yield _sse(P.chunk(chat, rid, name, i, "", None, first=True))
+                first[i] = False
+        async for i in _events(srv, request, choices, events):
+            c = choices[i]
+            if c.reason == "error":
+                err = P.ApiError(500, c.text or "generation failed", "server_error")
+                yield _sse(err.body())
+                continue
+            text = c.pending()
+            if text or c.reason is not None:
+                yield _sse(P.chunk(chat, rid, name, i, text, c.reason))
+        if include_usage:
+            yield _sse(P.usage_chunk(chat, rid, name, _usage(choices, n_prompt)))
+        yield "data: [DONE]\n\n"
+    finally:  # the client went away (or the stream ended): free what still runs
+        for c in choices:
+            srv.engine.cancel(c.job)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

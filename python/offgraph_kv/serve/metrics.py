@@ -1,0 +1,53 @@
+"""Prometheus metrics of one server (its own registry, so two apps in a process never clash)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
+
+
+class Metrics:
+    """The names DESIGN.md lists, all prefixed ``offgraph_kv_``."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "offgraph_kv_requests",
+            "Requests (choices) by outcome: finished, cancelled, rejected, error",
+            ["outcome"],
+            registry=r,
+        )
+        self.running = Gauge("offgraph_kv_requests_running", "Requests in the batch", registry=r)
+        self.waiting = Gauge(
+            "offgraph_kv_requests_waiting",
+            "Requests queued for their first token (the admission queue's depth)",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "offgraph_kv_prompt_tokens", "Prompt tokens of admitted requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "offgraph_kv_cached_tokens",
+            "Prompt tokens served from shared cells instead of being computed",
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "offgraph_kv_generated_tokens", "Tokens generated", registry=r
+        )
+        self.cells_used = Gauge("offgraph_kv_cells_used", "Cells in use", registry=r)
+        self.cells_free = Gauge("offgraph_kv_cells_free", "Free cells", registry=r)
+        self.cells_cached = Gauge(
+            "offgraph_kv_cells_cached",
+            "Cells in use that no running request wrote: prefix cache and shared prompts",
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "offgraph_kv_step_seconds", "Time of one generator step", buckets=_LATENCY, registry=r
+        )
+        self.ttft_seconds = Histogram(
+            "offgraph_kv_time_to_first_token_seconds",
+            "Time from admission to a request's first token",
+            buckets=_LATENCY,
+            registry=r,
+        )

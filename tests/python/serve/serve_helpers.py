@@ -1,0 +1,101 @@
+"""A real ``offgraph-kv serve`` process on a free loopback port, for the serve tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One ``offgraph-kv serve`` process."""
+
+    def __init__(self, model: str, *args: str, timeout: float = 900.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="okv-serve-", suffix=".log")
+        cmd = [sys.executable, "-m", "offgraph_kv", "serve", model, "--port", str(self.port)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(
+            [*cmd, "--log-level", "warning", *args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.output()}")
+            try:
+                self.get("/health")
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise RuntimeError(f"server did not start:\n{self.output()}") from None
+                time.sleep(0.5)
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+            return json.loads(r.read())
+
+    def text(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+            return r.read().decode()
+
+    def post(self, path: str, body: bytes, content_type: str = "application/json"):
+        """``(status, headers, json body)`` of a raw POST."""
+        req = urllib.request.Request(
+            self.url + path, data=body, headers={"Content-Type": content_type}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return r.status, r.headers, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, json.loads(e.read())
+
+    def metric(self, name: str) -> float:
+        """The value of an unlabelled sample ``name`` in /metrics."""
+        for line in self.text("/metrics").splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+    def client(self, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+
+    def async_client(self, **kw):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+
+    def stop(self, timeout: float = 120.0) -> int:
+        """SIGTERM, then the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
