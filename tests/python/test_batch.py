@@ -147,7 +147,7 @@ def test_cancel_drops_running_and_waiting_requests_and_frees_their_cells(prefix_
     assert len(gen.kc.live_seqs) == 1
     assert gen.kc.audit() is None
     done = gen.run()  # cancelled requests report what they had produced
-    assert sorted(done) == sorted([a, b, c]) and done[c] == [] and len(done[a]) == 1
+    assert sorted(done) == sorted([a, b, c]) and done[c] == [] and 0 < len(done[a]) < 10
     assert done[b] == reference(model, ps[1], 10)[0]
     assert gen.kc.audit() is None
     assert sorted(gen.kc.live_seqs) == sorted(gen._cached)
