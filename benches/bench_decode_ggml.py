@@ -95,11 +95,14 @@ def main():
         if exe is None:
             print(f"ggml skipped: {err}", file=sys.stderr)
         else:
-            g = subprocess.run([str(exe), str(a.rounds)], env=env, capture_output=True, text=True, check=True)
+            g = subprocess.run(
+                [str(exe), str(a.rounds)], env=env, capture_output=True, text=True, check=True
+            )
             theirs = rows(g.stdout)
     else:
         print(
-            "ggml skipped: pass --ggml-src and --ggml-build (see this script's docstring to build it)",
+            "ggml skipped: pass --ggml-src and --ggml-build"
+            " (this script's docstring says how to build ggml)",
             file=sys.stderr,
         )
 
@@ -112,7 +115,8 @@ def main():
     for key, (ms, fl, ratio, gf, peak) in ours.items():
         g = theirs.get(key)
         gcols = f"{g[0]:.3f} | {g[2]:.2f} | {ms / g[0]:.2f}" if g else "- | - | -"
-        lines.append(f"| {' | '.join(key)} | {ms:.3f} | {fl:.3f} | {ratio:.2f} | {gf:.1f} | {peak:.2f} | {gcols} |")
+        ours_cols = f"{ms:.3f} | {fl:.3f} | {ratio:.2f} | {gf:.1f} | {peak:.2f}"
+        lines.append(f"| {' | '.join(key)} | {ours_cols} | {gcols} |")
     text = "\n".join(lines)
     print(text)
     if a.out:

@@ -19,7 +19,7 @@
 //! runs 5 and only ctx 2048 (CI's smoke form).
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 
-use offgraph_kv::attention::{attend_into, AttendOptions, Backend};
+use offgraph_kv::attention::{attend_into, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::dtype::encode;
 use offgraph_kv::{KvDtype, KvRows};
 use std::hint::black_box;
@@ -144,39 +144,57 @@ fn main() {
                         backend: Backend::Native,
                         ..Default::default()
                     };
-                    let mut t = [Vec::new(), Vec::new()];
-                    for round in 0..rounds + 1 {
-                        for o in 0..2 {
-                            let which = (o + round) % 2;
-                            if !warm {
-                                black_box(read_sum(&flush));
-                            } else if which == 0 {
-                                attend_into(&q, [N_Q, 1, HD], &spec, &opts, &mut out).unwrap();
-                            } else {
-                                black_box(helper.floor(kw, vw, threads));
-                            }
-                            let s = Instant::now();
-                            if which == 0 {
-                                attend_into(&q, [N_Q, 1, HD], &spec, &opts, &mut out).unwrap();
-                            } else {
-                                black_box(helper.floor(kw, vw, threads));
-                            }
-                            // The first round warms code paths and pages.
-                            if round > 0 {
-                                t[which].push(s.elapsed().as_secs_f64() * 1e3);
-                            }
+                    let mut variants = vec![(dtype.name().to_string(), opts)];
+                    // q8_0 keys by the other path of this CPU beside the default.
+                    if *dtype == KvDtype::Q8_0 {
+                        let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+                        let other = if vnni {
+                            ("q8_0_widen", NativeIsa::Avx512)
+                        } else {
+                            ("q8_0_int8", NativeIsa::Avx2Int8)
+                        };
+                        if vnni || std::arch::is_x86_feature_detected!("avx2") {
+                            let o = AttendOptions {
+                                native_isa: other.1,
+                                ..opts
+                            };
+                            variants.push((other.0.to_string(), o));
                         }
                     }
-                    let [km, fm] = t.map(median);
-                    let flops = 4.0 * (N_Q * ctx * HD) as f64;
-                    let gf = flops / km / 1e6;
-                    println!(
-                        "| {ctx} | {threads} | {} | {} | {km:.3} | {fm:.3} | {:.2} | {gf:.1} | {:.2} |",
-                        if warm { "warm" } else { "cold" },
-                        dtype.name(),
-                        km / fm,
-                        gf / peak[threads - 1],
-                    );
+                    for (name, opts) in &variants {
+                        let mut t = [Vec::new(), Vec::new()];
+                        for round in 0..rounds + 1 {
+                            for o in 0..2 {
+                                let which = (o + round) % 2;
+                                if !warm {
+                                    black_box(read_sum(&flush));
+                                } else if which == 0 {
+                                    attend_into(&q, [N_Q, 1, HD], &spec, opts, &mut out).unwrap();
+                                } else {
+                                    black_box(helper.floor(kw, vw, threads));
+                                }
+                                let s = Instant::now();
+                                if which == 0 {
+                                    attend_into(&q, [N_Q, 1, HD], &spec, opts, &mut out).unwrap();
+                                } else {
+                                    black_box(helper.floor(kw, vw, threads));
+                                }
+                                // The first round warms code paths and pages.
+                                if round > 0 {
+                                    t[which].push(s.elapsed().as_secs_f64() * 1e3);
+                                }
+                            }
+                        }
+                        let [km, fm] = t.map(median);
+                        let flops = 4.0 * (N_Q * ctx * HD) as f64;
+                        let gf = flops / km / 1e6;
+                        println!(
+                            "| {ctx} | {threads} | {} | {name} | {km:.3} | {fm:.3} | {:.2} | {gf:.1} | {:.2} |",
+                            if warm { "warm" } else { "cold" },
+                            km / fm,
+                            gf / peak[threads - 1],
+                        );
+                    }
                 }
             }
         }

@@ -121,7 +121,7 @@ pub enum NativeIsa {
     Avx512Vnni,
     /// AVX2 with q8_0 keys of decode blocks scored by `vpmaddubsw` integer
     /// dot products against q quantized once per block (the other dtypes
-    /// as `Avx2`).
+    /// as `Avx2`); what `Auto` takes on an AVX2 CPU without AVX-512.
     Avx2Int8,
 }
 

@@ -37,7 +37,10 @@ pub(in crate::attention) fn select_isa(want: NativeIsa) -> Result<IsaPath> {
             // (docs/attention-backends.md).
             NativeIsa::Auto if vnni => Ok(IsaPath::Avx512Vnni),
             NativeIsa::Auto if avx512 => Ok(IsaPath::Avx512),
-            NativeIsa::Auto if avx2 => Ok(IsaPath::Avx2),
+            // The AVX2 integer dots (`vpmaddubsw`) likewise only change q8_0
+            // keys of decode blocks, where they beat the widening call for
+            // call on the AVX2 machine (benches/decode_floor.rs, README).
+            NativeIsa::Auto if avx2 => Ok(IsaPath::Avx2Int8),
             NativeIsa::Auto | NativeIsa::Scalar => Ok(IsaPath::Scalar),
             NativeIsa::Avx512 if avx512 => Ok(IsaPath::Avx512),
             NativeIsa::Avx512Vnni if vnni => Ok(IsaPath::Avx512Vnni),
