@@ -113,7 +113,7 @@ pub(super) fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<(), ()> {
         Err(TryLockError::Poisoned(e)) => e.into_inner(),
         Err(TryLockError::WouldBlock) => return run_scoped(parts, f),
     };
-    let want = parts - 1;
+    let want = parts.saturating_sub(1);
     while *owner < want {
         let shared = Arc::clone(&p.shared);
         let (idx, seen) = (*owner, lock(&p.shared.slot).epoch);
@@ -124,7 +124,7 @@ pub(super) fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<(), ()> {
             drop(owner);
             return run_scoped(parts, f);
         }
-        *owner += 1;
+        *owner = owner.saturating_add(1);
     }
     // SAFETY: the erased borrow is only used by workers of this job, and
     // `Join` (also on unwind) waits until every one of them has finished
