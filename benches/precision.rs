@@ -2,7 +2,8 @@
 //!
 //! T = 1, 8 KV heads, 32 query heads, head_dim 128, contexts 2048 and 8192,
 //! 1 and 2 threads, K and V of each dtype (`native`), plus `floor_<dtype>`: a
-//! SIMD streaming read of that dtype's K and V bytes (AVX-512 loads, 8
+//! SIMD streaming read of that dtype's K and V bytes (AVX-512 loads, or AVX where
+//! the CPU has no AVX-512, 8
 //! independent accumulators, K and V side by side, prefetched into L2 like
 //! the kernel) split over the same threads as the kernel splits its heads.
 //! `q8_0` is the default path (VNNI integer dots where the CPU has them),

@@ -1,7 +1,8 @@
-//! q8_0 keys: VNNI integer dots (`NativeIsa::Avx512Vnni`, the default where
-//! the CPU has them) against the AVX-512 register widening
-//! (`NativeIsa::Avx512`), interleaved call by call so drift in a shared
-//! machine's load hits both alike (criterion runs one after the other).
+//! q8_0 keys: integer dots against the register widening of the same ISA,
+//! interleaved call by call so drift in a shared machine's load hits both
+//! alike (criterion runs one after the other): VNNI (`NativeIsa::Avx512Vnni`)
+//! against `NativeIsa::Avx512` where the CPU has AVX-512 VNNI, else AVX2
+//! `vpmaddubsw` (`NativeIsa::Avx2Int8`) against `NativeIsa::Avx2`.
 //!
 //! Decode, 8 KV / 32 query heads x 128, q8_0 K and V, contexts 2048 and 8192,
 //! 1 and 2 threads; each call after a 96 MiB cache flush; the order of the
@@ -31,10 +32,20 @@ fn median(mut x: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    if !std::arch::is_x86_feature_detected!("avx512vnni") {
-        eprintln!("no AVX-512 VNNI on this CPU: nothing to compare");
+    let (isas, names) = if std::arch::is_x86_feature_detected!("avx512vnni") {
+        (
+            [NativeIsa::Avx512, NativeIsa::Avx512Vnni],
+            ["widen", "vnni"],
+        )
+    } else if std::arch::is_x86_feature_detected!("avx2") {
+        (
+            [NativeIsa::Avx2, NativeIsa::Avx2Int8],
+            ["widen", "avx2 int8"],
+        )
+    } else {
+        eprintln!("no AVX-512 VNNI or AVX2 on this CPU: nothing to compare");
         return;
-    }
+    };
     let flush = vec![1.0f32; 24 << 20];
     let (n_kv, n_q, hd) = (8, 32, 128);
     for ctx in [2048usize, 8192] {
@@ -51,7 +62,6 @@ fn main() {
         let spec = causal_spec(rows(&k), rows(&v), (n_kv, hd), ctx, &positions);
         let mut out = vec![0f32; q.len()];
         for threads in [1usize, 2] {
-            let isas = [NativeIsa::Avx512, NativeIsa::Avx512Vnni];
             let mut times = [Vec::new(), Vec::new()];
             for round in 0..ROUNDS {
                 for o in 0..2 {
@@ -70,7 +80,11 @@ fn main() {
             }
             let [w, n] = times.map(median);
             println!(
-                "q8_0 ctx {ctx} threads {threads}: widen {w:.3} ms, vnni {n:.3} ms, vnni/widen {:.2}",
+                "q8_0 ctx {ctx} threads {threads}: {} {w:.3} ms, {} {n:.3} ms, {}/{} {:.2}",
+                names[0],
+                names[1],
+                names[1],
+                names[0],
                 n / w
             );
         }

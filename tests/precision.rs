@@ -36,6 +36,7 @@ fn isas() -> Vec<NativeIsa> {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             v.push(NativeIsa::Avx2);
+            v.push(NativeIsa::Avx2Int8);
         }
     }
     v
@@ -167,18 +168,21 @@ fn q8_fake_quantized(q: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// Whether `isa` scores this call's q8_0 keys by integer dots: VNNI, q8_0 K,
-/// head_dim a multiple of 64 and blocks of at most 4 query rows (decode).
+/// Whether `isa` scores this call's q8_0 keys by integer dots: q8_0 K,
+/// blocks of at most 4 query rows (decode), and VNNI with head_dim a multiple
+/// of 64 or the AVX2 integer path (head_dim a multiple of 32, as q8_0 is).
 fn int8_scores(isa: NativeIsa, nq: usize, spec: &AttendSpec<'_>) -> bool {
     let g = nq / spec.n_kv_heads;
     let rows = match spec.keys {
         KeyLayout::Cells { .. } => g,
         KeyLayout::Runs { .. } => g * spec.n_tokens(),
     };
-    isa == NativeIsa::Avx512Vnni
-        && spec.k.dtype == KvDtype::Q8_0
-        && spec.head_dim.is_multiple_of(64)
-        && rows <= 4
+    let isa_int8 = match isa {
+        NativeIsa::Avx512Vnni => spec.head_dim.is_multiple_of(64),
+        NativeIsa::Avx2Int8 => true,
+        _ => false,
+    };
+    isa_int8 && spec.k.dtype == KvDtype::Q8_0 && rows <= 4
 }
 
 fn check(name: &str, q: &[f32], nq: usize, spec: &AttendSpec<'_>) {
@@ -407,4 +411,106 @@ fn refusals_change_nothing() {
     assert_eq!(c.pool(0).unwrap().k().bytes, before.as_slice());
     // K and V, 2 heads, 1 row written, 32 values of 2 bytes.
     assert_eq!(c.nbytes_total(), 2 * 2 * 32 * 2);
+}
+
+/// The decode blocks read each stored K and V value once for every query row
+/// of a block (the GQA group's heads of one or more tokens): every group size
+/// from 1 to 8 (odd ones included), short steps of 1-3 tokens, key counts
+/// that end mid-tile and mid-group, head_dim 128 (whole register pairs) and 40
+/// (single registers), flat and ring layers, every K/V dtype pair, every ISA
+/// this CPU runs, 1 and 2 threads, against the f64 reference.
+#[test]
+fn grouped_blocks_every_group_size_and_short_step() {
+    for (kd, vd) in pairs() {
+        let q8 = kd == KvDtype::Q8_0 || vd == KvDtype::Q8_0;
+        for (idx, ratio) in [1usize, 2, 3, 4, 5, 8].into_iter().enumerate() {
+            for hd in [128usize, 40] {
+                if hd % 32 != 0 && q8 {
+                    continue;
+                }
+                let nkv = 1 + ratio % 2;
+                let policy = if idx % 2 == 0 {
+                    LayerPolicy::Flat
+                } else {
+                    LayerPolicy::Ring { window: 37 }
+                };
+                let seed = 1000 + (kd.code() as u64 * 4 + vd.code() as u64) * 64 + ratio as u64;
+                let mut rng = Rng::new(seed + hd as u64);
+                let mut cfg = CacheConfig::new(256, 1, vec![LayerConfig::new(policy, nkv, hd)])
+                    .with_dtypes(kd, vd);
+                cfg.max_step = 67;
+                let mut c = KvSequenceCache::new(cfg).unwrap();
+                // 67 + 66 = 133 keys: two whole 64-key tiles and 5 over, then
+                // steps of 1, 3 and 2 tokens.
+                for (step, t) in [67usize, 66, 1, 3, 2].into_iter().enumerate() {
+                    c.begin_step(t).unwrap();
+                    let k = data(&mut rng, nkv * t * hd);
+                    let v = data(&mut rng, nkv * t * hd);
+                    let spec = c.update(0, &k, &v).unwrap();
+                    if step < 2 {
+                        continue;
+                    }
+                    let q = data(&mut rng, nkv * ratio * t * hd);
+                    check(
+                        &format!(
+                            "{}/{} group {ratio} hd {hd} {policy:?} T {t}",
+                            kd.name(),
+                            vd.name()
+                        ),
+                        &q,
+                        nkv * ratio,
+                        &spec,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Cell steps with every group size: each token's block is its own group of
+/// query heads reading its sequence's cells.
+#[test]
+fn grouped_cell_steps_every_group_size() {
+    let (nkv, hd) = (2, 128);
+    for (kd, vd) in pairs() {
+        for ratio in [1usize, 3, 4, 8] {
+            let mut rng = Rng::new(5000 + kd.code() as u64 * 4 + vd.code() as u64 + ratio as u64);
+            let layers = vec![LayerConfig::new(LayerPolicy::Flat, nkv, hd)];
+            let mut cfg = CacheConfig::new(256, 2, layers).with_dtypes(kd, vd);
+            cfg.max_step = 70;
+            let mut c = KvCellCache::new(cfg, 256, 4).unwrap();
+            let a = c.cells_mut().seq_new().unwrap();
+            let pos: Vec<usize> = (0..70).collect();
+            c.begin_step(&[a; 70], &pos).unwrap();
+            c.update(
+                0,
+                &data(&mut rng, nkv * 70 * hd),
+                &data(&mut rng, nkv * 70 * hd),
+            )
+            .unwrap();
+            let b = c.cells_mut().seq_clone(a, None).unwrap();
+            for step in 0..2 {
+                c.begin_step(&[a, b, b], &[70 + step, 70 + 2 * step, 71 + 2 * step])
+                    .unwrap();
+                let spec = c
+                    .update(
+                        0,
+                        &data(&mut rng, nkv * 3 * hd),
+                        &data(&mut rng, nkv * 3 * hd),
+                    )
+                    .unwrap();
+                let q = data(&mut rng, nkv * ratio * 3 * hd);
+                check(
+                    &format!(
+                        "cells {}/{} group {ratio} step {step}",
+                        kd.name(),
+                        vd.name()
+                    ),
+                    &q,
+                    nkv * ratio,
+                    &spec,
+                );
+            }
+        }
+    }
 }

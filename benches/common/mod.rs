@@ -94,12 +94,70 @@ unsafe fn stream2_avx512(k: *const u8, v: *const u8, n: usize) -> f32 {
     }
 }
 
+/// [`stream2_avx512`] with AVX loads (CPUs without AVX-512): 8 independent
+/// 256-bit accumulators over 128 bytes of K and 128 of V per step.
+///
+/// # Safety
+/// AVX; `k` and `v` hold `n` bytes each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn stream2_avx2(k: *const u8, v: *const u8, n: usize) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: every load is below n bytes of its stream; prefetches never fault.
+    unsafe {
+        let mut a = [_mm256_setzero_ps(); 8];
+        let mut o = 0;
+        while o + 128 <= n {
+            for l in 0..2 {
+                _mm_prefetch::<_MM_HINT_T1>(k.wrapping_add(o + PF_BYTES + 64 * l).cast());
+                _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(o + PF_BYTES + 64 * l).cast());
+            }
+            for l in 0..4 {
+                a[l] = _mm256_add_ps(a[l], _mm256_loadu_ps(k.add(o + 32 * l).cast()));
+                a[4 + l] = _mm256_add_ps(a[4 + l], _mm256_loadu_ps(v.add(o + 32 * l).cast()));
+            }
+            o += 128;
+        }
+        let mut s = a[0];
+        for x in &a[1..] {
+            s = _mm256_add_ps(s, *x);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), s);
+        let mut tail = 0.0f32;
+        while o < n {
+            tail += (*k.add(o) as f32) + (*v.add(o) as f32);
+            o += 1;
+        }
+        lanes.iter().sum::<f32>() + tail
+    }
+}
+
+/// The widest vector loads this CPU has: what [`read_kv`] streams with.
+pub fn floor_isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "avx512";
+        }
+        if std::arch::is_x86_feature_detected!("avx") {
+            return "avx";
+        }
+    }
+    "scalar"
+}
+
 /// One thread's share of the floor: its K and V bytes read side by side.
 fn stream2(k: &[u8], v: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if k.len() == v.len() && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F detected; both slices hold k.len() bytes.
         return unsafe { stream2_avx512(k.as_ptr(), v.as_ptr(), k.len()) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if k.len() == v.len() && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX detected; both slices hold k.len() bytes.
+        return unsafe { stream2_avx2(k.as_ptr(), v.as_ptr(), k.len()) };
     }
     let words = |b: &[u8]| -> Vec<f32> {
         b.chunks_exact(4)
@@ -117,7 +175,8 @@ fn as_bytes(x: &[f32]) -> &[u8] {
 /// The streaming-read floor: K and V (as f32 words, whatever they store) read
 /// once, split over `threads` like the kernel splits KV heads (contiguous
 /// ranges, the caller's thread being one of them), each thread reading its K
-/// and V ranges side by side with SIMD loads.
+/// and V ranges side by side with the widest SIMD loads the CPU has
+/// ([`floor_isa`]: AVX-512, else AVX).
 pub fn read_kv(k: &[f32], v: &[f32], threads: usize) -> f32 {
     let (k, v) = (as_bytes(k), as_bytes(v));
     if threads == 1 {
@@ -139,4 +198,54 @@ pub fn read_kv(k: &[f32], v: &[f32], threads: usize) -> f32 {
         let first = stream2(&k[range(k.len(), 0)], &v[range(v.len(), 0)]);
         first + hs.into_iter().map(|h| h.join().unwrap()).sum::<f32>()
     })
+}
+
+/// GFLOP/s of a register-only FMA loop (10 independent 8-lane chains) on
+/// `threads` threads: the best of 5 runs, the arithmetic ceiling that warm
+/// and prefill rows are compared against.
+pub fn fma_peak(threads: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn spin(n: usize) -> f32 {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX2 and FMA detected by the caller; registers only.
+        unsafe {
+            let mut a = [_mm256_set1_ps(1.0); 10];
+            let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            for _ in 0..n {
+                for x in &mut a {
+                    *x = _mm256_fmadd_ps(*x, m, c);
+                }
+            }
+            let mut s = [0f32; 8];
+            _mm256_storeu_ps(
+                s.as_mut_ptr(),
+                a.iter().fold(c, |x, y| _mm256_add_ps(x, *y)),
+            );
+            s.iter().sum()
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        let n = 2_000_000usize;
+        let flops = (n * 10 * 16 * threads) as f64;
+        let mut best = 0f64;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            std::thread::scope(|s| {
+                let hs: Vec<_> = (1..threads)
+                    // SAFETY: AVX2 and FMA detected above.
+                    .map(|_| s.spawn(move || std::hint::black_box(unsafe { spin(n) })))
+                    .collect();
+                // SAFETY: AVX2 and FMA detected above.
+                std::hint::black_box(unsafe { spin(n) });
+                hs.into_iter().for_each(|h| {
+                    h.join().unwrap();
+                });
+            });
+            best = best.max(flops / t.elapsed().as_secs_f64() / 1e9);
+        }
+        return best;
+    }
+    f64::NAN
 }

@@ -1,20 +1,21 @@
-//! Running a call's tasks: contiguous task ranges over `std::thread::scope`
-//! threads (the caller's thread being one of them), per-thread scratch that
+//! Running a call's tasks: contiguous task ranges over the persistent
+//! workers of `workers.rs` (the caller's thread being one of them), per-thread scratch that
 //! only grows, and the merge of key-split partial softmax states.
 
 use super::geometry::{Block, Geometry};
 #[cfg(feature = "xnnpack")]
 use super::xnn;
-use super::{kernel, softmax, Exec};
+use super::{kernel, softmax, workers, Exec};
 use crate::dtype::KvRows;
 use crate::error::{CacheError, Result};
 use std::cell::RefCell;
+use std::sync::Mutex;
 
 /// A raw output pointer shared by workers that write disjoint rows.
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut f32);
 // SAFETY: workers write disjoint ranges (each output row belongs to exactly one
-// task; each task's partial slot to that task), and the scope joins them all
+// task; each task's partial slot to that task), and `workers::run` joins them all
 // before the buffer is used again.
 unsafe impl Send for SyncPtr {}
 // SAFETY: as above.
@@ -52,33 +53,25 @@ pub(super) fn run_tasks(
     };
     let nthreads = threads.min(n_tasks).max(1);
     let range = |w: usize| (w * n_tasks / nthreads, (w + 1) * n_tasks / nthreads);
-    let work = |w: usize| -> Result<()> {
+    let failed: Mutex<Option<CacheError>> = Mutex::new(None);
+    let work = |w: usize| {
         let (a, b) = range(w);
-        with_scratch(|scr| {
+        let res = with_scratch(|scr| {
             for task in a..b {
                 run_task(geo, exec, task, scr, out_ptr, part_ptr)?;
             }
             Ok(())
-        })
-    };
-    if nthreads == 1 {
-        work(0)?;
-    } else {
-        std::thread::scope(|s| -> Result<()> {
-            let handles: Vec<_> = (1..nthreads).map(|w| s.spawn(move || work(w))).collect();
-            let mut res = work(0);
-            for h in handles {
-                let r = h.join().unwrap_or_else(|_| {
-                    Err(CacheError::Backend(
-                        "attention worker thread panicked".into(),
-                    ))
-                });
-                if res.is_ok() {
-                    res = r;
-                }
+        });
+        if let Err(e) = res {
+            if let Ok(mut f) = failed.lock() {
+                f.get_or_insert(e);
             }
-            res
-        })?;
+        }
+    };
+    workers::run(nthreads, &work)
+        .map_err(|()| CacheError::Backend("attention worker thread panicked".into()))?;
+    if let Some(e) = failed.into_inner().ok().flatten() {
+        return Err(e);
     }
     if geo.ksplit > 1 {
         merge_partials(geo, &partial, out);

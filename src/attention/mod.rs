@@ -35,16 +35,14 @@
 //! Threads: the work is cut into tasks of one KV head × one block of ≤ 32 query
 //! rows (× one key range, for long keys when there are fewer row blocks than
 //! threads; those partial softmax states are merged afterwards). Tasks are split
-//! into contiguous ranges over `std::thread::scope` threads, the caller's thread
-//! being one of them.
+//! into contiguous ranges over a persistent worker pool (`workers.rs`: started
+//! once, the caller's thread being one of the workers).
 //!
 //! Allocation: [`attend_into`] writes into the caller's buffer. Per-thread
 //! scratch (scaled queries, accumulators, score tiles) is thread-local and only
-//! grows, so a single-threaded call allocates nothing once warm; a multi-thread
-//! call pays the scoped-thread spawns (one `std::thread::scope` spawn + join of
-//! an empty closure measured ~30 µs on the loaded 2-core machine, i.e. ~10% of
-//! a 1-thread decode at ctx 512; no persistent pool yet), and a key-split call
-//! one buffer of partial states.
+//! grows, so a call allocates nothing once warm beyond, for a key-split call,
+//! one buffer of partial states (and the pool's thread starts the first time a
+//! call asks for more threads than it holds).
 
 #[cfg(feature = "xnnpack")]
 mod colsoftmax;
@@ -55,6 +53,7 @@ mod softmax;
 #[cfg(feature = "xnnpack")]
 mod transpose;
 mod validate;
+mod workers;
 #[cfg(feature = "xnnpack")]
 mod xnn;
 
@@ -120,6 +119,10 @@ pub enum NativeIsa {
     /// quantized once per step (the other dtypes as `Avx512`); what `Auto`
     /// takes where the CPU has AVX-512 VNNI.
     Avx512Vnni,
+    /// AVX2 with q8_0 keys of decode blocks scored by `vpmaddubsw` integer
+    /// dot products against q quantized once per block (the other dtypes
+    /// as `Avx2`); what `Auto` takes on an AVX2 CPU without AVX-512.
+    Avx2Int8,
 }
 
 /// Options of [`attend`].

@@ -213,20 +213,23 @@ def q8_rounded(q):
     return (r * d).astype(np.float32).reshape(q.shape)
 
 
-def cpu_has_vnni():
+def cpu_flags():
     try:
-        flags = pathlib.Path("/proc/cpuinfo").read_text().split()
+        return set(pathlib.Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return False
-    return "avx512_vnni" in flags and "avx512bw" in flags
+        return set()
 
 
 def int8_scores(k_dtype, rows_per_block, head_dim):
     """Whether the native kernel's default path scores these q8_0 keys by
     integer dots against q quantized per step (decode blocks of <= 4 query
-    rows, head_dim a multiple of 64, an AVX-512 VNNI CPU): its result is then
-    exactly attention of the Q8_0-rounded q, the error GGML accepts."""
-    return k_dtype == "q8_0" and rows_per_block <= 4 and head_dim % 64 == 0 and cpu_has_vnni()
+    rows; an AVX-512 VNNI CPU with head_dim a multiple of 64, or an AVX2 CPU
+    without AVX-512): its result is then exactly attention of the
+    Q8_0-rounded q, the error GGML accepts."""
+    f = cpu_flags()
+    vnni = "avx512_vnni" in f and "avx512bw" in f and head_dim % 64 == 0
+    avx2 = "avx512f" not in f and {"avx2", "fma", "f16c"} <= f
+    return k_dtype == "q8_0" and rows_per_block <= 4 and (vnni or avx2)
 
 
 def seq_rows(spec):
@@ -293,5 +296,7 @@ def test_cell_attend_against_float64(dtype):
     spec = kc.update(0, k, k)
     q = rng.standard_normal((4, 2, 32)).astype(np.float32)
     mask = np.asarray(spec.mask)
-    want = reference(q, spec, lambda i: list(np.nonzero(mask[i])[0]))
+    # A cell block is one token's 4 query heads: q8_0 keys may take the integer dots.
+    qr = q8_rounded(q) if int8_scores(dtype, 4, 32) else q
+    want = reference(qr, spec, lambda i: list(np.nonzero(mask[i])[0]))
     np.testing.assert_allclose(okv.attend(q, spec), want, atol=2e-5, rtol=1e-4)

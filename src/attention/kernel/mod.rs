@@ -28,6 +28,8 @@ use widen::decode_rows_portable;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_int8;
 /// Explicit AVX-512F micro-kernels (this machine's path).
 #[cfg(target_arch = "x86_64")]
 mod avx512;

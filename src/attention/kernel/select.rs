@@ -14,6 +14,8 @@ pub(in crate::attention) enum IsaPath {
     Avx512Vnni,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Int8,
     Scalar,
 }
 
@@ -35,11 +37,15 @@ pub(in crate::attention) fn select_isa(want: NativeIsa) -> Result<IsaPath> {
             // (docs/attention-backends.md).
             NativeIsa::Auto if vnni => Ok(IsaPath::Avx512Vnni),
             NativeIsa::Auto if avx512 => Ok(IsaPath::Avx512),
-            NativeIsa::Auto if avx2 => Ok(IsaPath::Avx2),
+            // The AVX2 integer dots (`vpmaddubsw`) likewise only change q8_0
+            // keys of decode blocks, where they beat the widening call for
+            // call on the AVX2 machine (benches/decode_floor.rs, README).
+            NativeIsa::Auto if avx2 => Ok(IsaPath::Avx2Int8),
             NativeIsa::Auto | NativeIsa::Scalar => Ok(IsaPath::Scalar),
             NativeIsa::Avx512 if avx512 => Ok(IsaPath::Avx512),
             NativeIsa::Avx512Vnni if vnni => Ok(IsaPath::Avx512Vnni),
             NativeIsa::Avx2 if avx2 => Ok(IsaPath::Avx2),
+            NativeIsa::Avx2Int8 if avx2 => Ok(IsaPath::Avx2Int8),
             other => Err(CacheError::Backend(format!(
                 "native ISA: expected one this CPU supports, got {other:?}"
             ))),
@@ -66,6 +72,9 @@ pub(in crate::attention) fn run_native(isa: IsaPath, b: &Block<'_>, st: &mut Sta
         // SAFETY: `select_isa` returned Avx2 only after detecting avx2, fma and f16c.
         #[cfg(target_arch = "x86_64")]
         IsaPath::Avx2 => unsafe { super::avx2::block_avx2(b, st) },
+        // SAFETY: `select_isa` returned Avx2Int8 only after detecting avx2, fma and f16c.
+        #[cfg(target_arch = "x86_64")]
+        IsaPath::Avx2Int8 => unsafe { super::avx2::block_avx2_int8(b, st) },
         // SAFETY: the portable kernel needs no CPU feature; the block comes from a validated geometry.
         IsaPath::Scalar => unsafe { run_block::<Portable<false>>(b, st) },
     }

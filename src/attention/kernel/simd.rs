@@ -29,8 +29,16 @@ pub(crate) trait Simd: Copy {
     unsafe fn f16(p: *const u8) -> Self::R;
     /// `W` bfloat16 values at `p`.
     unsafe fn bf16(p: *const u8) -> Self::R;
+    /// The float16 scale with bits `d` in every lane.
+    unsafe fn q8_scale(d: u16) -> Self::R;
+    /// `W` int8 values at `q` times `scale` (from [`Simd::q8_scale`]).
+    unsafe fn q8_mul(scale: Self::R, q: *const u8) -> Self::R;
     /// `W` int8 values at `q` times the float16 scale with bits `d`.
-    unsafe fn q8(d: u16, q: *const u8) -> Self::R;
+    #[inline(always)]
+    unsafe fn q8(d: u16, q: *const u8) -> Self::R {
+        // SAFETY: the trait contract.
+        unsafe { Self::q8_mul(Self::q8_scale(d), q) }
+    }
 
     /// Whether [`Simd::q8_dots`] computes q8_0 key scores by integer dots.
     const INT8: bool = false;
@@ -60,6 +68,15 @@ pub(crate) trait Load: Copy {
     /// `row` addresses a whole stored row; `d + W <= hd`, `d % W == 0`; the
     /// CPU supports `S`.
     unsafe fn load<S: Simd>(row: *const u8, d: usize) -> S::R;
+    /// Values `[d, d + 2W)` of the row at `row`, as two registers.
+    ///
+    /// # Safety
+    /// As [`Load::load`], with `d + 2W <= hd` and `d % 2W == 0`.
+    #[inline(always)]
+    unsafe fn load2<S: Simd>(row: *const u8, d: usize) -> (S::R, S::R) {
+        // SAFETY: the contract above covers both halves.
+        unsafe { (Self::load::<S>(row, d), Self::load::<S>(row, d + S::W)) }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -104,6 +121,18 @@ impl Load for LQ8 {
         unsafe {
             let blk = row.add(d / 32 * 34);
             S::q8(blk.cast::<u16>().read_unaligned(), blk.add(2 + d % 32))
+        }
+    }
+    /// One scale widening for both halves: `2W` divides 32 (AVX2 16, AVX-512
+    /// 32) and `d % 2W == 0`, so both lie in block `d / 32`.
+    #[inline(always)]
+    unsafe fn load2<S: Simd>(row: *const u8, d: usize) -> (S::R, S::R) {
+        // SAFETY: contract of `load2`: block d / 32 holds values d..d + 2W.
+        unsafe {
+            let blk = row.add(d / 32 * 34);
+            let scale = S::q8_scale(blk.cast::<u16>().read_unaligned());
+            let q = blk.add(2 + d % 32);
+            (S::q8_mul(scale, q), S::q8_mul(scale, q.add(S::W)))
         }
     }
 }

@@ -15,18 +15,22 @@ use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
 /// 16 keys 3.2-3.9 ms, unpipelined 3.6-4.2 ms (read floor 2.5-3.0 ms).
 const PG: usize = 4;
 
-/// Prefetches, into L2, the bytes of values `d..` of the row a tile (`KT`
-/// rows of `rb` bytes) ahead, issued beside each load as it is consumed.
-/// Decode ctx 8192, 1 thread, cold: T1 at 16-32 KiB ahead 4.4-4.5 ms, 48 KiB
-/// 4.8 ms, T0 6.8-7.0 ms (it fills L1's few miss buffers), T2 4.6 ms.
+/// Prefetches, into L2, each cache line of the row a tile (`KT` rows of
+/// `rb` bytes) ahead of `row`: once per line, at the start of the key group
+/// that reads `row` (a prefetch per loaded vector spent load slots on lines
+/// already requested).
 #[inline(always)]
-fn prefetch_ahead(row: *const u8, rb: usize, d: usize, hd: usize) {
-    let at = row.wrapping_add(KT * rb + d * rb / hd);
-    // SAFETY: a prefetch never faults; the address is only computed.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        _mm_prefetch::<_MM_HINT_T1>(at.cast::<i8>())
-    };
+fn prefetch_row_ahead(row: *const u8, rb: usize) {
+    let at = row.wrapping_add(KT * rb);
+    let mut o = 0;
+    while o < rb {
+        // SAFETY: a prefetch never faults; the address is only computed.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(o).cast::<i8>())
+        };
+        o += 64;
+    }
 }
 
 /// Runs `s` with the loaders of its K and V dtypes.
@@ -73,16 +77,28 @@ unsafe fn with_rows<S: Simd, K: Load, V: Load>(s: Step) {
     }
 }
 
-/// The step for `R == s.nr` rows.
+/// The step for `R == s.nr` rows: each K and V value is loaded and widened
+/// once and used by all `R` query rows (the GQA group's heads, or a short
+/// step's tokens), each with its own accumulators.
 #[inline(always)]
 unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
     let (hd, krb, vrb) = (s.hd, s.kd.row_bytes(s.hd), s.vd.row_bytes(s.hd));
     let qp: [*const f32; 4] = core::array::from_fn(|i| s.qs.wrapping_add(i.min(R - 1) * hd));
+    // V in pairs of registers where whole pairs tile the row: each broadcast
+    // probability then feeds two FMAs, and a q8_0 block's scale is widened
+    // once per pair.
+    let pairs = hd.is_multiple_of(2 * S::W);
     let mut g = 0;
     // SAFETY (whole loop): key rows clamped into k / v, offsets < hd, R rows
     // of p / acc / sc (contract of `scores_pv_stored`).
     unsafe {
         while g < s.nk.max(s.nkp) {
+            for j in g..s.nk.min(g + PG) {
+                prefetch_row_ahead(s.k.add(j * krb), krb);
+            }
+            for j in g..s.nkp.min(g + PG) {
+                prefetch_row_ahead(s.v.add(j * vrb), vrb);
+            }
             let mut j0 = g;
             while j0 < s.nk.min(g + PG) {
                 let kp: [*const u8; 4] =
@@ -90,11 +106,6 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
                 let mut sums = [0.0f32; 16];
                 if K::Q8 && S::INT8 && !s.q8.is_null() {
                     S::q8_dots::<R>(s.q8, &kp, hd, &mut sums);
-                    for r in &kp[..S::KB] {
-                        for o in (0..krb).step_by(64) {
-                            prefetch_ahead(r.wrapping_add(o), krb, 0, hd);
-                        }
-                    }
                 } else {
                     let mut a = [S::zero(); 16];
                     let mut d = 0;
@@ -102,7 +113,6 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
                         let q: [S::R; R] = core::array::from_fn(|i| S::loadu(qp[i].add(d)));
                         for jj in 0..S::KB {
                             let kv = K::load::<S>(kp[jj], d);
-                            prefetch_ahead(kp[jj], krb, d, hd);
                             for i in 0..R {
                                 a[i * S::KB + jj] = S::fmadd(q[i], kv, a[i * S::KB + jj]);
                             }
@@ -121,12 +131,30 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
             if g < s.nkp {
                 let n = (s.nkp - g).min(PG);
                 let mut d = 0;
+                while pairs && d < hd {
+                    let mut a0: [S::R; R] =
+                        core::array::from_fn(|i| S::loadu(s.acc.add(i * hd + d)));
+                    let mut a1: [S::R; R] =
+                        core::array::from_fn(|i| S::loadu(s.acc.add(i * hd + d + S::W)));
+                    for j in g..g + n {
+                        let (x0, x1) = V::load2::<S>(s.v.add(j * vrb), d);
+                        for i in 0..R {
+                            let p = S::set1(*s.p.add(i * KT + j));
+                            a0[i] = S::fmadd(p, x0, a0[i]);
+                            a1[i] = S::fmadd(p, x1, a1[i]);
+                        }
+                    }
+                    for i in 0..R {
+                        S::storeu(s.acc.add(i * hd + d), a0[i]);
+                        S::storeu(s.acc.add(i * hd + d + S::W), a1[i]);
+                    }
+                    d += 2 * S::W;
+                }
                 while d < hd {
                     let mut a: [S::R; R] =
                         core::array::from_fn(|i| S::loadu(s.acc.add(i * hd + d)));
                     for j in g..g + n {
                         let x = V::load::<S>(s.v.add(j * vrb), d);
-                        prefetch_ahead(s.v.add(j * vrb), vrb, d, hd);
                         for (i, ai) in a.iter_mut().enumerate() {
                             *ai = S::fmadd(S::set1(*s.p.add(i * KT + j)), x, *ai);
                         }

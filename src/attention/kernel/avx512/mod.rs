@@ -379,9 +379,12 @@ impl<const VNNI: bool> Simd for Avx512<VNNI> {
         }
     }
     #[inline(always)]
-    unsafe fn q8(d: u16, q: *const u8) -> __m512 {
+    unsafe fn q8_scale(d: u16) -> __m512 {
+        unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(d as i16)) }
+    }
+    #[inline(always)]
+    unsafe fn q8_mul(scale: __m512, q: *const u8) -> __m512 {
         unsafe {
-            let scale = _mm512_cvtph_ps(_mm256_set1_epi16(d as i16));
             let q = _mm_loadu_si128(q.cast());
             _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)))
         }
