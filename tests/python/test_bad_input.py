@@ -120,7 +120,7 @@ def cell_world(cls=okv.CellCache):
         for layer in range(2):
             spec = c.update(layer, rows_of(2, layer), rows_of(2, layer + 9))
     other = okv.CellCache(config(), 16, n_seq_max=8)
-    foreign = [other.seq_new() for _ in range(7)][-1]  # id 6: never ours
+    foreign = [other.seq_new() for _ in range(7)][-1]  # ids are unique in the process: never ours
     ctx = SimpleNamespace(c=c, s=s, t=t, T=2, foreign=foreign, snap=lambda: cell_snap(c))
     if cls is okv.KvCellCache:
         ctx.spec = spec
@@ -606,7 +606,7 @@ def _cell_rows():
             if isinstance(v, str) and v == "FOREIGN":
                 return x.foreign
             if isinstance(v, str) and v == "FREED":
-                return 3  # never handed out here (0, 1 are live)
+                return 3  # ticket 0 at index 3: never handed out (the first id is index 0's)
             return v
 
         for fname, face in faces.items():
@@ -1288,7 +1288,8 @@ def _snapshot_rows():
     )
     n = "KvCellCache"
     w = lambda: cell_world(okv.KvCellCache)  # noqa: E731
-    blob = cell_world(okv.KvCellCache).c.save_seq(0)
+    src = cell_world(okv.KvCellCache)
+    blob = src.c.save_seq(src.s)
     for case, v, exc in BAD_INDEX_NONE:
         row(f"{n}.save_seq", f"seq {case}", w, lambda x, v=v: x.c.save_seq(v), exc)
     for case, v, exc in BAD_INDEX:

@@ -30,7 +30,8 @@ pub unsafe extern "C" fn okv_cell_cache_free(cache: *mut okv_cell_cache) -> okv_
     guard(|| unsafe { release(cache, "okv_cell_cache_free") })
 }
 
-/// A new empty sequence; its id is never handed out again in this process.
+/// A new empty sequence. Its id is unique in the process: never handed out
+/// again, and refused (`OKV_ERR_UNKNOWN_SEQUENCE`) by every other cache.
 #[no_mangle]
 pub unsafe extern "C" fn okv_cell_cache_seq_new(
     cache: *mut okv_cell_cache,
