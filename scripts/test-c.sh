@@ -100,6 +100,7 @@ run "the README's C quick start is a program" test -s "$OUT/readme.c"
 build readme "$OUT/readme.c"
 build bad_input bindings/c/tests/bad_input.c
 build threads bindings/c/tests/threads.c
+build step_and_ids bindings/c/tests/step_and_ids.c
 build wrapper bindings/c/tests/wrapper.cpp
 build runner-c examples/c/runner.c
 build runner-cpp examples/cpp/runner.cpp
@@ -116,7 +117,7 @@ FLAGS=(--prefix 37 --decode 10 --chunk 16 --layers 7 --window 12 --hidden 64 --q
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 
-for prog in readme bad_input threads wrapper; do
+for prog in readme bad_input threads step_and_ids wrapper; do
     run "$prog" "$OUT/$prog"
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"

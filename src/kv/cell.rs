@@ -2,7 +2,7 @@
 //! cells of the table that layer reads (flat layers: the full table; ring
 //! layers: the ring table). Pools double up to `n_cells` rows.
 
-use super::{pool_faces, pool_spec, write_step, LayerPools};
+use super::{pool_faces, pool_spec, write_step, LayerPools, Written};
 use crate::cell::{CellCache, CellStepPlan, SeqId};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
@@ -20,6 +20,8 @@ use crate::spec::{AttendSpec, KeyLayout};
 pub struct KvCellCache {
     cells: CellCache,
     pools: LayerPools,
+    /// The layers the open step has written: only those have a spec.
+    written: Written,
 }
 
 impl KvCellCache {
@@ -30,7 +32,12 @@ impl KvCellCache {
         let cfg = cells.config();
         // Every layer's pool is indexed by the cells of its table: n_cells deep.
         let pools = LayerPools::new(cfg, |_, _| Ok(n_cells))?;
-        Ok(KvCellCache { cells, pools })
+        let written = Written::new(cfg.n_layers);
+        Ok(KvCellCache {
+            cells,
+            pools,
+            written,
+        })
     }
 
     /// The bookkeeping, read-only.
@@ -76,10 +83,12 @@ impl KvCellCache {
 
     /// The open step's spec for `layer`: its pool and what each token sees
     /// (built once per distinct policy per step, by `begin_step` or `update`).
-    /// `StepProtocol` when no step is open, or when the step was opened through
-    /// [`Self::cells_mut`] and `layer` was not updated yet.
+    /// `StepProtocol` when no step is open, or when the open step has not
+    /// written `layer` yet (`update` it first: its cells hold no rows of this
+    /// step).
     pub fn spec(&self, layer: usize) -> Result<AttendSpec<'_>> {
         let plan = self.cells.plan(layer)?;
+        self.written.check(layer, self.cells.generation())?;
         let (offsets, runs) = self.cells.runs(layer)?;
         let pool = self.pool(layer)?;
         if plan.read_len() > pool.slots() {

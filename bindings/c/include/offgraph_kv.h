@@ -76,7 +76,8 @@ typedef enum {
   OKV_ERR_KEY_EXISTS = 5,
   // No room: capacity, free cells, sequence ids.
   OKV_ERR_OUT_OF_CAPACITY = 6,
-  // A sequence id this cache did not hand out, or one already freed.
+  // A sequence id this cache did not hand out (ids are unique in the
+  // process: another cache's id is refused too), or one already freed.
   OKV_ERR_UNKNOWN_SEQUENCE = 7,
   // The step protocol was misused (a plan with no open step, a rewrite).
   OKV_ERR_STEP_PROTOCOL = 8,
@@ -218,7 +219,8 @@ okv_status okv_cell_cache_new(const okv_config *cfg,
 // Frees the cache. NULL is a no-op.
 okv_status okv_cell_cache_free(okv_cell_cache *cache);
 
-// A new empty sequence; its id is never handed out again in this process.
+// A new empty sequence. Its id is unique in the process: never handed out
+// again, and refused (`OKV_ERR_UNKNOWN_SEQUENCE`) by every other cache.
 okv_status okv_cell_cache_seq_new(okv_cell_cache *cache, uint64_t *out_seq);
 
 // A new sequence owning `src`'s cells with position < `upto` (`OKV_NONE`:
@@ -363,6 +365,7 @@ okv_status okv_kv_cell_cache_update(okv_kv_cell_cache *cache,
 
 // Attention of the open step at `layer` into `out` (see
 // `okv_kv_seq_cache_attend`); each token sees exactly its sequence's cells.
+// A layer the open step has not updated is `OKV_ERR_STEP_PROTOCOL`.
 okv_status okv_kv_cell_cache_attend(okv_kv_cell_cache *cache,
                                     size_t layer,
                                     const float *q,
@@ -529,7 +532,9 @@ okv_status okv_kv_seq_cache_update(okv_kv_seq_cache *cache,
 // Attention of the open step at `layer` into `out`: `q` and `out` hold
 // `[n_q_heads, n_tokens, head_dim]` floats (`q_len`, `out_len` elements);
 // `n_q_heads` a multiple of the layer's KV heads. Call after `_update` of
-// this layer. `out` is untouched on refusal.
+// this layer: before it (no step open, or the open step has not updated
+// `layer`) the call is `OKV_ERR_STEP_PROTOCOL` naming the layer, never an
+// earlier step's rows. `out` is untouched on refusal.
 okv_status okv_kv_seq_cache_attend(const okv_kv_seq_cache *cache,
                                    size_t layer,
                                    const float *q,

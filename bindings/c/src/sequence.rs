@@ -408,7 +408,9 @@ pub unsafe extern "C" fn okv_kv_seq_cache_update(
 /// Attention of the open step at `layer` into `out`: `q` and `out` hold
 /// `[n_q_heads, n_tokens, head_dim]` floats (`q_len`, `out_len` elements);
 /// `n_q_heads` a multiple of the layer's KV heads. Call after `_update` of
-/// this layer. `out` is untouched on refusal.
+/// this layer: before it (no step open, or the open step has not updated
+/// `layer`) the call is `OKV_ERR_STEP_PROTOCOL` naming the layer, never an
+/// earlier step's rows. `out` is untouched on refusal.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_seq_cache_attend(
     cache: *const okv_kv_seq_cache,

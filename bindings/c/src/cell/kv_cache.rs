@@ -217,6 +217,7 @@ pub unsafe extern "C" fn okv_kv_cell_cache_update(
 
 /// Attention of the open step at `layer` into `out` (see
 /// `okv_kv_seq_cache_attend`); each token sees exactly its sequence's cells.
+/// A layer the open step has not updated is `OKV_ERR_STEP_PROTOCOL`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_attend(
     cache: *mut okv_kv_cell_cache,
