@@ -105,6 +105,7 @@ build dtypes bindings/c/tests/dtypes.c
 build statuses bindings/c/tests/statuses.c
 build exchange bindings/c/tests/exchange.c
 build threads bindings/c/tests/threads.c
+build step_and_ids bindings/c/tests/step_and_ids.c
 build wrapper bindings/c/tests/wrapper.cpp
 build pool_memory bindings/c/tests/pool_memory.c
 build runner-c examples/c/runner.c
@@ -122,7 +123,7 @@ FLAGS=(--prefix 37 --decode 10 --chunk 16 --layers 7 --window 12 --hidden 64 --q
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 
-for prog in readme bad_input dtypes statuses threads wrapper pool_memory; do
+for prog in readme bad_input dtypes statuses threads step_and_ids wrapper pool_memory; do
     run "$prog" "$OUT/$prog"
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"

@@ -198,6 +198,23 @@ impl CacheConfig {
         crate::window::cells_for_forks(policies, self.max_step, prefix, n_seqs, new_tokens)
     }
 
+    /// [`Self::cells_for_forks`], refusing (`InvalidArgument`) a workload whose
+    /// count does not fit a `usize` instead of saturating.
+    pub fn try_cells_for_forks(
+        &self,
+        prefix: usize,
+        n_seqs: usize,
+        new_tokens: usize,
+    ) -> Result<usize> {
+        let policies = (0..self.n_layers).filter_map(|l| self.layer(l).ok().map(|c| c.policy));
+        crate::window::checked_cells_for_forks(policies, self.max_step, prefix, n_seqs, new_tokens)
+            .ok_or_else(|| {
+                CacheError::InvalidArgument(format!(
+                    "cells_for_forks: prefix {prefix} + {n_seqs} sequences x {new_tokens} tokens overflows the platform's size"
+                ))
+            })
+    }
+
     /// Slots a layer of this policy ever needs: flat keeps `capacity`;
     /// a ring keeps `window + max_step - 1` (capped at `capacity`), which lets a
     /// multi-token step keep every key its earliest query needs.

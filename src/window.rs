@@ -75,13 +75,25 @@ pub fn cells_for_forks(
     n_seqs: usize,
     new_tokens: usize,
 ) -> usize {
+    checked_cells_for_forks(policies, max_step, prefix, n_seqs, new_tokens).unwrap_or(usize::MAX)
+}
+
+/// [`cells_for_forks`], or `None` when the count does not fit a `usize`
+/// (where `cells_for_forks` saturates to `usize::MAX`).
+pub fn checked_cells_for_forks(
+    policies: impl IntoIterator<Item = LayerPolicy>,
+    max_step: usize,
+    prefix: usize,
+    n_seqs: usize,
+    new_tokens: usize,
+) -> Option<usize> {
     let mut need = 0usize;
     let mut widest: Option<usize> = None;
     for policy in policies {
         match policy {
             LayerPolicy::Ring { window } => widest = widest.max(Some(window)),
             LayerPolicy::Flat => {
-                need = need.max(prefix.saturating_add(n_seqs.saturating_mul(new_tokens)))
+                need = need.max(prefix.checked_add(n_seqs.checked_mul(new_tokens)?)?)
             }
         }
     }
@@ -89,11 +101,11 @@ pub fn cells_for_forks(
         let keep = ring_keep(w, max_step);
         let ring = prefix
             .min(keep)
-            .saturating_add(n_seqs.saturating_mul(new_tokens.min(keep)))
-            .saturating_add(n_seqs);
+            .checked_add(n_seqs.checked_mul(new_tokens.min(keep))?)?
+            .checked_add(n_seqs)?;
         need = need.max(ring);
     }
-    need
+    Some(need)
 }
 
 #[cfg(test)]

@@ -187,7 +187,7 @@ fn mixed_ring_and_flat_cells() {
         12,
         &[ring, LayerPolicy::Flat, LayerPolicy::Ring { window: 2 }],
         96,
-        3000,
+        4000,
     );
     assert!(
         steps > 500 && doublings >= 8,

@@ -47,7 +47,8 @@ class StepError(CacheError, RuntimeError):
 
 
 class UnknownSequenceError(CacheError, KeyError):
-    """A sequence id the cache did not hand out, or one already freed."""
+    """A sequence id the cache did not hand out (ids are unique in the process, so
+    another cache's id is refused too), or one already freed."""
 
 
 class BackendError(CacheError, RuntimeError):

@@ -1,14 +1,18 @@
-//! Sequence ids: `generation * n_seq_max + index`, where the index is the
-//! sequence's place in the per-sequence tables (never a pool row). Ids are at
-//! most `i64::MAX`.
+//! Sequence ids, unique in the process: `ticket << 16 | index`, where the
+//! index is the sequence's place in its cache's per-sequence tables (never a
+//! pool row; `n_seq_max <= 2^16`) and the ticket comes from one process-wide
+//! counter that every cell cache draws from. Every id handed out takes a new
+//! ticket, so no two ids are ever equal, whichever caches handed them out: an
+//! id from one cache is refused (`UnknownSequence`) by every other, and a
+//! freed id by its own. (A `Clone` of a cache is the exception by
+//! construction: it copies its live sequences with their ids.)
 //!
-//! Freeing an index bumps its generation, so a stale id is refused instead of
-//! addressing the sequence that reuses the index. Ids never repeat in a cache's
-//! lifetime: an index whose next id would pass `i64::MAX` is retired for good
-//! rather than wrapped (with `n_seq_max = 65536` that takes 2^47 frees of one
-//! index, so in practice never; then `seq_new` runs out of indices, it never
-//! hands out an old id). The bound keeps every id a non-negative signed 64-bit
-//! integer, which Python, numpy's int64 and C's `int64_t` all hold.
+//! Ids are at most `i64::MAX`, which Python, numpy's int64 and C's `int64_t`
+//! all hold: 2^47 tickets per process (at a million new sequences a second,
+//! four and a half years). Once they are spent, `seq_new`, `seq_clone` and
+//! `load_seq` are refused with `OutOfCapacity`; an id is never handed out twice.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::CellCache;
 use crate::error::{CacheError, Result};
@@ -19,46 +23,56 @@ pub type SeqId = u64;
 /// Largest id handed out.
 pub const MAX_SEQ_ID: SeqId = i64::MAX as SeqId;
 
-/// The id that sequence index `ix` hands out at generation `gen` (`None` past [`MAX_SEQ_ID`]).
-pub(crate) fn compose(gen: u64, ix: usize, n_seq_max: usize) -> Option<SeqId> {
-    gen.checked_mul(u64::try_from(n_seq_max).ok()?)?
-        .checked_add(u64::try_from(ix).ok()?)
+/// Ids per ticket: an id's low 16 bits hold the sequence's index
+/// (`MAX_SEQS` is `2^16`).
+const INDEX_SPAN: u64 = 0x1_0000;
+const INDEX_MASK: SeqId = 0xffff;
+/// Tickets a process hands out, `2^47`: every one composes to an id
+/// `<= MAX_SEQ_ID`.
+const TICKETS: u64 = 0x8000_0000_0000;
+
+/// The next ticket of the process; shared by every cell cache.
+static NEXT_TICKET: AtomicU64 = AtomicU64::new(0);
+
+/// Takes a ticket (`None` once the process has spent them all).
+fn take_ticket() -> Option<u64> {
+    NEXT_TICKET
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+            (t < TICKETS).then_some(t.saturating_add(1))
+        })
+        .ok()
+}
+
+/// The id of `ticket` at index `ix` (`None` past [`MAX_SEQ_ID`]).
+pub(crate) fn compose(ticket: u64, ix: usize) -> Option<SeqId> {
+    let ix = SeqId::try_from(ix).ok().filter(|i| *i <= INDEX_MASK)?;
+    ticket
+        .checked_mul(INDEX_SPAN)?
+        .checked_add(ix)
         .filter(|id| *id <= MAX_SEQ_ID)
 }
 
-/// The index and generation an id names (`None` for `n_seq_max == 0`).
-pub(crate) fn split(id: SeqId, n_seq_max: usize) -> Option<(usize, u64)> {
-    let n = u64::try_from(n_seq_max).ok()?;
-    let ix = usize::try_from(id.checked_rem(n)?).ok()?;
-    Some((ix, id.checked_div(n)?))
-}
-
-/// The generation after `gen` for `ix`, or `None` when its id would not fit:
-/// the index must then be retired, never wrapped to an id it handed out before.
-pub(crate) fn next_gen(gen: u64, ix: usize, n_seq_max: usize) -> Option<u64> {
-    let next = gen.checked_add(1)?;
-    compose(next, ix, n_seq_max).map(|_| next)
+/// The index an id names (whether it is live there is the cache's question).
+pub(crate) fn index_bits(id: SeqId) -> usize {
+    // Masked to 16 bits: fits every usize.
+    (id & INDEX_MASK) as usize
 }
 
 pub(super) fn unknown(verb: &str, id: SeqId) -> CacheError {
     CacheError::UnknownSequence(format!(
-        "{verb}: sequence id {id} is not live (not handed out by this cache, or already freed)"
+        "{verb}: sequence id {id} is not live in this cache (handed out by another cache, or already freed)"
     ))
 }
 
 impl CellCache {
     pub(super) fn id_of(&self, ix: usize) -> SeqId {
-        // A live index's generation always composes (`retire_index` keeps it so).
-        let gen = self.seqs.get(ix).map_or(0, |s| s.gen);
-        compose(gen, ix, self.n_seq_max).unwrap_or(SeqId::MAX)
+        self.seqs.get(ix).map_or(SeqId::MAX, |s| s.id)
     }
 
     pub(super) fn index_of(&self, id: SeqId, verb: &str) -> Result<usize> {
-        let Some((ix, gen)) = split(id, self.n_seq_max) else {
-            return Err(unknown(verb, id));
-        };
+        let ix = index_bits(id);
         match self.seqs.get(ix) {
-            Some(s) if s.live && s.gen == gen => Ok(ix),
+            Some(s) if s.live && s.id == id => Ok(ix),
             _ => Err(unknown(verb, id)),
         }
     }
@@ -70,36 +84,37 @@ impl CellCache {
                 self.n_seq_max
             )));
         }
-        let ix = self.free_indices.pop().ok_or_else(|| {
+        let ix = self.free_indices.last().copied().ok_or_else(|| {
             CacheError::OutOfCapacity(format!(
                 "{verb}: no free sequence index (n_seq_max {})",
                 self.n_seq_max
             ))
         })? as usize;
+        let id = take_ticket().and_then(|t| compose(t, ix)).ok_or_else(|| {
+            CacheError::OutOfCapacity(format!(
+                "{verb}: this process has handed out all {TICKETS} sequence ids"
+            ))
+        })?;
+        self.free_indices.pop();
         if let Some(s) = self.seqs.get_mut(ix) {
             s.live = true;
+            s.id = id;
         }
         self.n_live = self.n_live.saturating_add(1);
         Ok(ix)
     }
 
-    /// Retires `ix`: its id will be refused from now on.
+    /// Retires `ix`: its id will be refused from now on (the index takes a
+    /// new id when it is handed out again).
     pub(super) fn retire_index(&mut self, ix: usize) {
-        let n_seq_max = self.n_seq_max;
         if let Some(s) = self.seqs.get_mut(ix) {
             if !s.live {
                 return;
             }
             s.live = false;
             self.n_live = self.n_live.saturating_sub(1);
-            match next_gen(s.gen, ix, n_seq_max) {
-                Some(g) => {
-                    s.gen = g;
-                    if let Ok(v) = u32::try_from(ix) {
-                        self.free_indices.push(v);
-                    }
-                }
-                None => s.exhausted = true,
+            if let Ok(v) = u32::try_from(ix) {
+                self.free_indices.push(v);
             }
         }
     }
@@ -111,21 +126,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn compose_and_split_round_trip() {
-        for (gen, ix, n) in [(0, 0, 1), (7, 3, 4), (1 << 40, 65_535, 65_536)] {
-            let id = compose(gen, ix, n).unwrap();
-            assert_eq!(split(id, n), Some((ix, gen)));
+    fn compose_keeps_the_index_and_the_bound() {
+        for (t, ix) in [(0, 0), (7, 3), (1 << 40, 65_535)] {
+            let id = compose(t, ix).unwrap();
+            assert_eq!(index_bits(id), ix);
+            assert_eq!(id / INDEX_SPAN, t);
         }
-    }
-
-    #[test]
-    fn the_last_generation_retires_instead_of_wrapping() {
-        let n = 65_536;
-        let last = MAX_SEQ_ID / n as u64; // compose(last, index) fits for every index < n
-        assert!(compose(last, n - 1, n).is_some());
-        assert_eq!(next_gen(last - 1, n - 1, n), Some(last));
-        assert_eq!(next_gen(last, 0, n), None);
-        assert_eq!(next_gen(MAX_SEQ_ID, 0, 1), None);
-        assert_eq!(compose(MAX_SEQ_ID, 0, 1), Some(MAX_SEQ_ID));
+        assert_eq!(INDEX_MASK + 1, INDEX_SPAN);
+        assert_eq!(TICKETS * INDEX_SPAN - 1, MAX_SEQ_ID);
+        assert_eq!(INDEX_SPAN as usize, crate::cell::MAX_SEQS);
+        assert_eq!(compose(TICKETS - 1, 65_535), Some(MAX_SEQ_ID));
+        assert_eq!(compose(TICKETS, 0), None);
+        assert_eq!(compose(0, 65_536), None);
     }
 }

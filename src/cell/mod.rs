@@ -35,8 +35,8 @@
 //!
 //! # Ids
 //!
-//! 64-bit ids that never repeat in a cache's lifetime (see `ids.rs`). The first
-//! `n_seq_max` ids handed out after construction are `0, 1, 2, ...`.
+//! 64-bit ids, at most `i64::MAX`, that never repeat in the process: an id
+//! from one cache is refused by every other (see `ids.rs`).
 
 mod audit;
 mod ids;
@@ -74,14 +74,12 @@ pub(crate) struct Entry {
     pub(crate) cell: u32,
 }
 
-/// One sequence's state, at its index (`SeqId` modulo `n_seq_max`).
+/// One sequence's state, at its index (an id's low 16 bits).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Seq {
-    /// Generation of the id this index hands out (or handed out last).
-    gen: u64,
+    /// The id this index holds (live) or held last.
+    id: SeqId,
     live: bool,
-    /// Its generation cannot advance within 64-bit ids: never handed out again.
-    exhausted: bool,
     /// Per table, the cells the sequence owns, sorted by position.
     pub(crate) lists: [VecDeque<Entry>; 2],
     /// Held positions the ring table dropped, as sorted disjoint `[start, end)`
@@ -449,14 +447,13 @@ impl CellCache {
             }
             self.retire_index(ix);
         }
+        // Lowest index first, as after construction.
         self.free_indices.clear();
-        let reusable = |s: &usize| self.seqs.get(*s).is_some_and(|q| !q.exhausted);
-        let free: Vec<u32> = (0..self.seqs.len())
-            .rev()
-            .filter(reusable)
-            .filter_map(|s| u32::try_from(s).ok())
-            .collect();
-        self.free_indices = free;
+        self.free_indices.extend(
+            (0..self.seqs.len())
+                .rev()
+                .filter_map(|s| u32::try_from(s).ok()),
+        );
         self.close_step();
     }
 

@@ -114,7 +114,7 @@ impl CellCache {
         }
         for (&id, &p) in seq_ids.iter().zip(positions) {
             // Ids were validated by `check_tokens`.
-            let ix = ids::split(id, self.n_seq_max).map_or(0, |(ix, _)| ix);
+            let ix = ids::index_bits(id);
             self.step_indices.push(ix as u32);
             let Some(s) = self.seqs.get_mut(ix) else {
                 continue;

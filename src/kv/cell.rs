@@ -5,7 +5,7 @@
 //! the pages written track the cells in use, and [`KvCellCache::trim`] gives
 //! back the pages of cells freed since.
 
-use super::{pool_faces, pool_spec, write_step, LayerPools, PoolMemory};
+use super::{pool_faces, pool_spec, write_step, LayerPools, PoolMemory, Written};
 use crate::cell::{CellCache, CellStepPlan, SeqId};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
@@ -23,6 +23,8 @@ use crate::spec::{AttendSpec, KeyLayout};
 pub struct KvCellCache {
     cells: CellCache,
     pools: LayerPools,
+    /// The layers the open step has written: only those have a spec.
+    written: Written,
 }
 
 impl KvCellCache {
@@ -44,7 +46,12 @@ impl KvCellCache {
         let cfg = cells.config();
         // Every layer's pool is indexed by the cells of its table: n_cells deep.
         let pools = LayerPools::new(cfg, memory, |_, _| Ok(n_cells))?;
-        Ok(KvCellCache { cells, pools })
+        let written = Written::new(cfg.n_layers);
+        Ok(KvCellCache {
+            cells,
+            pools,
+            written,
+        })
     }
 
     /// Frees every cell, retires every id (see [`CellCache::clear`]) and
@@ -118,10 +125,12 @@ impl KvCellCache {
 
     /// The open step's spec for `layer`: its pool and what each token sees
     /// (built once per distinct policy per step, by `begin_step` or `update`).
-    /// `StepProtocol` when no step is open, or when the step was opened through
-    /// [`Self::cells_mut`] and `layer` was not updated yet.
+    /// `StepProtocol` when no step is open, or when the open step has not
+    /// written `layer` yet (`update` it first: its cells hold no rows of this
+    /// step).
     pub fn spec(&self, layer: usize) -> Result<AttendSpec<'_>> {
         let plan = self.cells.plan(layer)?;
+        self.written.check(layer, self.cells.generation())?;
         let (offsets, runs) = self.cells.runs(layer)?;
         let pool = self.pool(layer)?;
         if plan.read_len() > pool.rows() {

@@ -11,6 +11,7 @@ mod pool;
 mod pools;
 mod seq;
 pub mod snapshot;
+mod written;
 
 pub use buffer::Buffer;
 pub use cell::KvCellCache;
@@ -21,6 +22,7 @@ pub use seq::KvSequenceCache;
 use crate::dtype::RowsIn;
 use crate::error::{CacheError, Result};
 use crate::spec::{AttendSpec, KeyLayout};
+use written::Written;
 
 /// The faces both byte-layer caches show alike: config and generation from
 /// the bookkeeping in field `$book` (of type `$Book`), the pools and their
@@ -76,6 +78,8 @@ macro_rules! pool_faces {
             v_new: $crate::dtype::RowsIn<'_>,
         ) -> $crate::error::Result<$crate::spec::AttendSpec<'_>> {
             self.write_layer(layer, k_new, v_new)?;
+            let generation = self.generation();
+            self.written.mark(layer, generation);
             self.spec(layer)
         }
 

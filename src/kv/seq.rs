@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use super::{pool_faces, pool_spec, write_step, LayerPools, PoolMemory};
+use super::{pool_faces, pool_spec, write_step, LayerPools, PoolMemory, Written};
 use crate::config::CacheConfig;
 use crate::dtype::RowsIn;
 use crate::error::Result;
@@ -22,6 +22,8 @@ pub struct KvSequenceCache {
     pools: LayerPools,
     /// Query positions of the open step (reused; grows at most to max_step).
     positions: Vec<usize>,
+    /// The layers the open step has written: only those have a spec.
+    written: Written,
 }
 
 impl KvSequenceCache {
@@ -40,10 +42,12 @@ impl KvSequenceCache {
             Ok(cfg.depth(cfg.layer(layer)?.policy))
         })?;
         let positions = Vec::with_capacity(cfg.max_step);
+        let written = Written::new(cfg.n_layers);
         Ok(KvSequenceCache {
             seq,
             pools,
             positions,
+            written,
         })
     }
 
@@ -106,9 +110,12 @@ impl KvSequenceCache {
         write_step(pool, k_new, v_new, plan.n_tokens, 0, runs)
     }
 
-    /// The spec of the open step for `layer`.
+    /// The spec of the open step for `layer`. `StepProtocol` when no step is
+    /// open, or when the open step has not written `layer` yet (`update` it
+    /// first: its pool holds no rows of this step).
     pub fn spec(&self, layer: usize) -> Result<AttendSpec<'_>> {
         let plan = self.seq.plan(layer)?;
+        self.written.check(layer, self.seq.generation())?;
         let keys = KeyLayout::Runs {
             read: plan.read,
             read_base_pos: plan.read_base_pos,

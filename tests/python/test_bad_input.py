@@ -120,7 +120,7 @@ def cell_world(cls=okv.CellCache):
         for layer in range(2):
             spec = c.update(layer, rows_of(2, layer), rows_of(2, layer + 9))
     other = okv.CellCache(config(), 16, n_seq_max=8)
-    foreign = [other.seq_new() for _ in range(7)][-1]  # id 6: never ours
+    foreign = [other.seq_new() for _ in range(7)][-1]  # ids are unique in the process: never ours
     ctx = SimpleNamespace(c=c, s=s, t=t, T=2, foreign=foreign, snap=lambda: cell_snap(c))
     if cls is okv.KvCellCache:
         ctx.spec = spec
@@ -638,7 +638,7 @@ def _cell_rows():
             if isinstance(v, str) and v == "FOREIGN":
                 return x.foreign
             if isinstance(v, str) and v == "FREED":
-                return 3  # never handed out here (0, 1 are live)
+                return 3  # ticket 0 at index 3: never handed out (the first id is index 0's)
             return v
 
         for fname, face in faces.items():
@@ -822,17 +822,21 @@ def _cell_rows():
             ("CellControl.cache", lambda c: c.control(), lambda f: f.cache.free_cells),
             ("CellPlanner.cache", lambda c: c.planner(), lambda f: f.cache.free_cells),
             ("CellControl.seq_new", lambda c: c.control(), lambda f: f.seq_new()),
-            ("CellControl.seq_clone", lambda c: c.control(), lambda f: f.seq_clone(0)),
-            ("CellControl.seq_rm", lambda c: c.control(), lambda f: f.seq_rm(0, 1)),
-            ("CellControl.seq_free", lambda c: c.control(), lambda f: f.seq_free(0)),
-            ("CellControl.next_pos", lambda c: c.control(), lambda f: f.next_pos(0)),
-            ("CellControl.seq_len", lambda c: c.control(), lambda f: f.seq_len(0)),
+            ("CellControl.seq_clone", lambda c: c.control(), lambda f: f.seq_clone(f.live_seqs[0])),
+            ("CellControl.seq_rm", lambda c: c.control(), lambda f: f.seq_rm(f.live_seqs[0], 1)),
+            ("CellControl.seq_free", lambda c: c.control(), lambda f: f.seq_free(f.live_seqs[0])),
+            ("CellControl.next_pos", lambda c: c.control(), lambda f: f.next_pos(f.live_seqs[0])),
+            ("CellControl.seq_len", lambda c: c.control(), lambda f: f.seq_len(f.live_seqs[0])),
             ("CellControl.free_cells", lambda c: c.control(), lambda f: f.free_cells),
             ("CellControl.capacity", lambda c: c.control(), lambda f: f.capacity),
             ("CellControl.live_seqs", lambda c: c.control(), lambda f: f.live_seqs),
             ("CellControl.can_extend", lambda c: c.control(), lambda f: f.can_extend(1)),
             ("CellControl.clear", lambda c: c.control(), lambda f: f.clear()),
-            ("CellControl.begin_step", lambda c: c.control(), lambda f: f.begin_step([0], [2])),
+            (
+                "CellControl.begin_step",
+                lambda c: c.control(),
+                lambda f: f.begin_step(f.live_seqs[:1], [2]),
+            ),
             ("CellPlanner.plan", lambda c: c.planner(), lambda f: f.plan(1).mask),
         ]:
             row(
@@ -1321,7 +1325,8 @@ def _snapshot_rows():
     )
     n = "KvCellCache"
     w = lambda: cell_world(okv.KvCellCache)  # noqa: E731
-    blob = cell_world(okv.KvCellCache).c.save_seq(0)
+    src = cell_world(okv.KvCellCache)
+    blob = src.c.save_seq(src.s)
     for case, v, exc in BAD_INDEX_NONE:
         row(f"{n}.save_seq", f"seq {case}", w, lambda x, v=v: x.c.save_seq(v), exc)
     for case, v, exc in BAD_INDEX:

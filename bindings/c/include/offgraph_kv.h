@@ -102,7 +102,8 @@ typedef enum {
   OKV_ERR_KEY_EXISTS = 5,
   // No room: capacity, free cells, sequence ids.
   OKV_ERR_OUT_OF_CAPACITY = 6,
-  // A sequence id this cache did not hand out, or one already freed.
+  // A sequence id this cache did not hand out (ids are unique in the
+  // process: another cache's id is refused too), or one already freed.
   OKV_ERR_UNKNOWN_SEQUENCE = 7,
   // The step protocol was misused (a plan with no open step, a rewrite).
   OKV_ERR_STEP_PROTOCOL = 8,
@@ -267,7 +268,8 @@ okv_status okv_cell_cache_new(const okv_config *cfg,
 // Statuses: as `okv_seq_cache_free`.
 okv_status okv_cell_cache_free(okv_cell_cache *cache);
 
-// A new empty sequence; its id is never handed out again in this process.
+// A new empty sequence. Its id is unique in the process: never handed out
+// again, and refused (`OKV_ERR_UNKNOWN_SEQUENCE`) by every other cache.
 //
 // Statuses: `OKV_ERR_OUT_OF_CAPACITY` when `n_seq_max` sequences are live.
 okv_status okv_cell_cache_seq_new(okv_cell_cache *cache, uint64_t *out_seq);
@@ -497,7 +499,8 @@ okv_status okv_kv_cell_cache_update(okv_kv_cell_cache *cache,
 //
 // Query head h reads KV head h / (n_q_heads / n_kv_heads).
 //
-// Statuses: as `okv_kv_seq_cache_attend`.
+// Statuses: as `okv_kv_seq_cache_attend`; a layer the open step has not
+// updated is `OKV_ERR_STEP_PROTOCOL`.
 okv_status okv_kv_cell_cache_attend(okv_kv_cell_cache *cache,
                                     size_t layer,
                                     const float *q,
@@ -883,7 +886,9 @@ okv_status okv_kv_seq_cache_update(okv_kv_seq_cache *cache,
 // Attention of the open step at `layer` into `out`: `q` and `out` hold
 // `[n_q_heads, n_tokens, head_dim]` floats (`q_len`, `out_len` elements);
 // `n_q_heads` a multiple of the layer's KV heads. Call after `_update` of
-// this layer. `out` is untouched on refusal.
+// this layer: before it (no step open, or the open step has not updated
+// `layer`) the call is `OKV_ERR_STEP_PROTOCOL` naming the layer, never an
+// earlier step's rows. `out` is untouched on refusal.
 //
 // Grouped-query attention: query head h reads KV head h / (n_q_heads /
 // n_kv_heads).
@@ -892,7 +897,7 @@ okv_status okv_kv_seq_cache_update(okv_kv_seq_cache *cache,
 // layer's `n_kv_heads` (a GQA mismatch) or `q_len`/`out_len` are not
 // `n_q_heads * n_tokens * head_dim`; `OKV_ERR_INVALID_ARGUMENT` for a layer out
 // of range, `out` overlapping `q` or the pools, a non-finite scale or an
-// unknown backend; `OKV_ERR_STEP_PROTOCOL` with no open step;
+// unknown backend; `OKV_ERR_STEP_PROTOCOL` with no open step or the layer not updated in it;
 // `OKV_ERR_BACKEND` when the backend asked for cannot serve (XNNPACK not
 // built, or a pool dtype it does not read); `OKV_ERR_NULL_POINTER` for NULL
 // `q` or `out` with a nonzero length.

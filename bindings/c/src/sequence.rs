@@ -466,7 +466,9 @@ pub unsafe extern "C" fn okv_kv_seq_cache_update(
 /// Attention of the open step at `layer` into `out`: `q` and `out` hold
 /// `[n_q_heads, n_tokens, head_dim]` floats (`q_len`, `out_len` elements);
 /// `n_q_heads` a multiple of the layer's KV heads. Call after `_update` of
-/// this layer. `out` is untouched on refusal.
+/// this layer: before it (no step open, or the open step has not updated
+/// `layer`) the call is `OKV_ERR_STEP_PROTOCOL` naming the layer, never an
+/// earlier step's rows. `out` is untouched on refusal.
 ///
 /// Grouped-query attention: query head h reads KV head h / (n_q_heads /
 /// n_kv_heads).
@@ -475,7 +477,7 @@ pub unsafe extern "C" fn okv_kv_seq_cache_update(
 /// layer's `n_kv_heads` (a GQA mismatch) or `q_len`/`out_len` are not
 /// `n_q_heads * n_tokens * head_dim`; `OKV_ERR_INVALID_ARGUMENT` for a layer out
 /// of range, `out` overlapping `q` or the pools, a non-finite scale or an
-/// unknown backend; `OKV_ERR_STEP_PROTOCOL` with no open step;
+/// unknown backend; `OKV_ERR_STEP_PROTOCOL` with no open step or the layer not updated in it;
 /// `OKV_ERR_BACKEND` when the backend asked for cannot serve (XNNPACK not
 /// built, or a pool dtype it does not read); `OKV_ERR_NULL_POINTER` for NULL
 /// `q` or `out` with a nonzero length.

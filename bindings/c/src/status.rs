@@ -24,7 +24,8 @@ pub enum okv_status {
     OKV_ERR_KEY_EXISTS = 5,
     /// No room: capacity, free cells, sequence ids.
     OKV_ERR_OUT_OF_CAPACITY = 6,
-    /// A sequence id this cache did not hand out, or one already freed.
+    /// A sequence id this cache did not hand out (ids are unique in the
+    /// process: another cache's id is refused too), or one already freed.
     OKV_ERR_UNKNOWN_SEQUENCE = 7,
     /// The step protocol was misused (a plan with no open step, a rewrite).
     OKV_ERR_STEP_PROTOCOL = 8,

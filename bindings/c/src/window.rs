@@ -29,17 +29,9 @@ pub unsafe extern "C" fn okv_cells_for_forks(
         let what = "okv_cells_for_forks";
         let o = out(out_n_cells, what)?;
         let c = unsafe { config_of(cfg, what) }?;
-        let n = c.cells_for_forks(prefix, n_seqs, new_tokens);
-        // The core saturates: usize::MAX means the count overflowed.
-        if n == usize::MAX {
-            return Err(fail(
-                okv_status::OKV_ERR_INVALID_ARGUMENT,
-                format!(
-                    "{what}: prefix {prefix} + {n_seqs} sequences x {new_tokens} tokens \
-                     overflows size_t"
-                ),
-            ));
-        }
+        let n = c
+            .try_cells_for_forks(prefix, n_seqs, new_tokens)
+            .map_err(|e| fail(okv_status::OKV_ERR_INVALID_ARGUMENT, format!("{what}: {e}")))?;
         o.set(n);
         Ok(())
     })

@@ -11,7 +11,7 @@ use crate::spec::PyAttendSpec;
 
 fn stale(spec: &PyAttendSpec) -> PyErr {
     ErrorClass::Step.err(format!(
-            "attend: the spec of layer {} belongs to a step that has since been closed; update (or spec) the layer in the open step",
+            "attend: the spec of layer {} belongs to a step that has since been closed; update the layer in the open step",
             spec.layer
         ),
     )

@@ -244,7 +244,8 @@ kv_methods! {
     /// the AttendSpec. `k`, `v`: as `KvSequenceCache.update` (float32, float16,
     /// bfloat16, or bfloat16 bits with `bits="bfloat16"`).
     update,
-    /// The open step's spec for `layer`, without writing.
+    /// The open step's spec for `layer`, without writing. `StepError` when no
+    /// step is open or the open step has not updated `layer` yet.
     spec,
     nbytes,
     pool_slots;

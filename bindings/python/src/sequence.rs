@@ -160,7 +160,8 @@ kv_methods! {
     /// batch of 1 is accepted; non-contiguous input is copied). Rows are rounded
     /// once into the pool's dtype. A refused call writes nothing.
     update,
-    /// The open step's spec for `layer`, without writing.
+    /// The open step's spec for `layer`, without writing. `StepError` when no
+    /// step is open or the open step has not updated `layer` yet.
     spec,
     /// Bytes the rows need at the high-water mark since the last clear: of
     /// one layer, or of all when `layer` is None.

@@ -209,7 +209,8 @@ pub fn update<C: CacheClass>(
     cache.py_spec(owner, layer)
 }
 
-/// `spec(layer)`: the open step's spec for `layer`, without writing.
+/// `spec(layer)`: the open step's spec for `layer`, without writing (refused
+/// for a layer the open step has not updated).
 pub fn spec<C: CacheClass>(
     base: &Bound<'_, C>,
     layer: &Bound<'_, PyAny>,

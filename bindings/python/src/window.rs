@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 use crate::args::{index, opt_index};
 use crate::config::PyCacheConfig;
+use crate::errors::IntoPy;
 
 /// Positions a ring layer keeps for steps of up to `max_step` tokens:
 /// `window + max_step - 1`.
@@ -28,7 +29,8 @@ pub fn first_visible(pos: &Bound<'_, PyAny>, window: Option<&Bound<'_, PyAny>>) 
 }
 
 /// Cells a `CellCache` of `cfg` needs for `n_seqs` sequences forked from one
-/// `prefix`-token sequence, each then growing by `new_tokens` positions.
+/// `prefix`-token sequence, each then growing by `new_tokens` positions. A
+/// count that overflows the platform's size is `InvalidArgumentError`.
 #[pyfunction]
 pub fn cells_for_forks(
     cfg: &Bound<'_, PyCacheConfig>,
@@ -36,9 +38,12 @@ pub fn cells_for_forks(
     n_seqs: &Bound<'_, PyAny>,
     new_tokens: &Bound<'_, PyAny>,
 ) -> PyResult<usize> {
-    Ok(cfg.get().inner.cells_for_forks(
-        index(prefix, "prefix")?,
-        index(n_seqs, "n_seqs")?,
-        index(new_tokens, "new_tokens")?,
-    ))
+    cfg.get()
+        .inner
+        .try_cells_for_forks(
+            index(prefix, "prefix")?,
+            index(n_seqs, "n_seqs")?,
+            index(new_tokens, "new_tokens")?,
+        )
+        .py_err()
 }

@@ -36,7 +36,7 @@ fn parse_positions(r: &mut Reader<'_>) -> Result<Positions> {
     let mut count = 0usize;
     let mut prev_end: Option<usize> = None;
     for _ in 0..n {
-        let (a, b) = (r.size("range start")?, r.size("range end")?);
+        let (a, b) = (r.pos("range start")?, r.pos("range end")?);
         if a >= b || b == usize::MAX || prev_end.is_some_and(|e| a <= e) {
             return Err(snap_err(format!(
                 "held range [{a}, {b}) is empty, unordered or overlapping"
@@ -52,7 +52,7 @@ fn parse_positions(r: &mut Reader<'_>) -> Result<Positions> {
     }
     let mut ring = Vec::with_capacity(m);
     for _ in 0..m {
-        let p = r.size("ring position")?;
+        let p = r.pos("ring position")?;
         if ring.last().is_some_and(|&q| p <= q) {
             return Err(snap_err("ring positions are not strictly increasing"));
         }
@@ -159,7 +159,8 @@ impl KvCellCache {
     /// Restores a [`Self::save_seq`] snapshot as a new sequence and returns
     /// its id. All or nothing: a truncated, damaged, foreign or newer-format
     /// snapshot is [`CacheError::Snapshot`], no room is `OutOfCapacity`, and
-    /// the cache is unchanged (pool growth aside).
+    /// the cache is unchanged, its pools included (every check runs before a
+    /// pool grows).
     pub fn load_seq(&mut self, data: &[u8]) -> Result<SeqId> {
         let prints = self.prints()?;
         let (mut r, found) = open(data, KIND_CELL)?;

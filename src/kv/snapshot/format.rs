@@ -6,13 +6,14 @@
 //! magic      8   b"OKVSNAP\0"
 //! version    u16 FORMAT_VERSION (a reader refuses a newer one)
 //! kind       u8  0 = KvSequenceCache range, 1 = KvCellCache sequence
-//! flags      u8  0
+//! flags      u8  0 (no flag is defined; a set bit is refused)
 //! n_layers   u32
 //! per layer  (the fingerprint: what makes rows compatible)
 //!   policy u8 (LayerPolicy::code), window u64 (0 for flat),
 //!   n_kv_heads u32, head_dim u32, k_dtype u8, v_dtype u8,
 //!   k_row_bytes u32, v_row_bytes u32
-//! state      kind-specific (positions; see seq.rs and cell.rs)
+//! state      kind-specific (positions, each at most MAX_POSITION =
+//!            i64::MAX; see seq.rs and cell.rs)
 //! rows       per layer: K as [heads][positions][k_row_bytes], then V alike
 //! crc32      u32 over every byte before it (zlib's CRC-32)
 //! ```
@@ -27,6 +28,12 @@ use crate::error::{CacheError, Result};
 pub const MAGIC: [u8; 8] = *b"OKVSNAP\0";
 /// The format this build writes and the newest it reads.
 pub const FORMAT_VERSION: u16 = 1;
+/// Largest position or range end a snapshot may carry (`i64::MAX`, so every
+/// position fits Python's and numpy's int64 and C's `int64_t`); larger is
+/// refused.
+pub const MAX_POSITION: usize = i64::MAX as usize;
+/// No flag is defined yet: a snapshot with any flag bit set is refused.
+const KNOWN_FLAGS: u8 = 0;
 pub(crate) const KIND_SEQ: u8 = 0;
 pub(crate) const KIND_CELL: u8 = 1;
 /// magic, version, kind, flags, n_layers.
@@ -149,6 +156,18 @@ impl<'a> Reader<'a> {
     pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
         Ok(u64::from_le_bytes(self.arr(what)?))
     }
+    /// A position or a range end: at most [`MAX_POSITION`].
+    pub(crate) fn pos(&mut self, what: &str) -> Result<usize> {
+        let v = self.u64(what)?;
+        usize::try_from(v)
+            .ok()
+            .filter(|p| *p <= MAX_POSITION)
+            .ok_or_else(|| {
+                snap_err(format!(
+                    "{what} {v} is beyond the largest position a snapshot holds ({MAX_POSITION})"
+                ))
+            })
+    }
     /// A u64 that must fit a `usize`.
     pub(crate) fn size(&mut self, what: &str) -> Result<usize> {
         let v = self.u64(what)?;
@@ -202,6 +221,11 @@ pub(crate) fn open(data: &[u8], kind: u8) -> Result<(Reader<'_>, Vec<LayerPrint>
         )));
     }
     let got_kind = r.u8("kind")?;
+    if got_kind != KIND_SEQ && got_kind != KIND_CELL {
+        return Err(snap_err(format!(
+            "unknown kind {got_kind} (0 is a KvSequenceCache snapshot, 1 a KvCellCache sequence)"
+        )));
+    }
     if got_kind != kind {
         let name = |k: u8| match k {
             KIND_SEQ => "a KvSequenceCache snapshot",
@@ -214,7 +238,12 @@ pub(crate) fn open(data: &[u8], kind: u8) -> Result<(Reader<'_>, Vec<LayerPrint>
             name(kind)
         )));
     }
-    let _flags = r.u8("flags")?;
+    let flags = r.u8("flags")?;
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(snap_err(format!(
+            "unknown flags {flags:#04x} (this build knows {KNOWN_FLAGS:#04x})"
+        )));
+    }
     let n_layers = r.u32("n_layers")? as usize;
     if n_layers == 0
         || n_layers > MAX_LAYERS

@@ -17,5 +17,5 @@ mod seq;
 
 pub use access::DTYPE_F32;
 pub use crc::crc32;
-pub use format::{LayerPrint, FORMAT_VERSION, MAGIC};
+pub use format::{LayerPrint, FORMAT_VERSION, MAGIC, MAX_POSITION};
 pub use seq::{snapshot_info, SnapshotInfo};

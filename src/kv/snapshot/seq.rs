@@ -56,14 +56,14 @@ fn need_from(p: &LayerPrint, start: usize, end: usize) -> usize {
 }
 
 fn parse<'a>(r: &mut Reader<'a>, prints: &[LayerPrint]) -> Result<Parsed<'a>> {
-    let start = r.size("start")?;
-    let end = r.size("end")?;
+    let start = r.pos("start")?;
+    let end = r.pos("end")?;
     if start > end {
         return Err(snap_err(format!("start {start} is above end {end}")));
     }
     let mut froms = Vec::with_capacity(prints.len());
     for (i, p) in prints.iter().enumerate() {
-        let from = r.size("from")?;
+        let from = r.pos("from")?;
         let ok = match p.policy.window() {
             None => from == start,
             Some(_) => from >= start && from <= end,
@@ -195,9 +195,10 @@ impl KvSequenceCache {
 
     /// Restores a chain of ranges, the first starting at this cache's length
     /// and each starting where the previous ends, as one all-or-nothing load.
-    /// Every size a snapshot claims is checked against this cache's layout
-    /// and the data's length before anything is written; the only change a
-    /// refusal may leave is pool growth (capacity, not state).
+    /// Every size a snapshot claims (each layer's rows against its depth, the
+    /// end against the capacity) is checked against this cache's layout and
+    /// the data's length before any pool is touched: a refusal changes
+    /// nothing, pool sizes included.
     pub fn load_states(&mut self, chain: &[&[u8]]) -> Result<()> {
         let prints = self.prints()?;
         let mut parsed = Vec::with_capacity(chain.len());
@@ -266,19 +267,34 @@ impl KvSequenceCache {
                 *f = (*f).max(floor);
             }
         }
-        // Room first (growth may fail), then the rows, then the length.
+        // Every layer's rows against its depth before any pool is touched: a
+        // ring layer carrying more positions than it has slots would overwrite
+        // its own rows (and ask its pool for slots past the depth).
         let cfg = self.config().clone();
-        let (seq, pools) = self.parts_mut();
-        for (l, p) in prints.iter().enumerate() {
+        let mut needed = vec![0usize; prints.len()];
+        for (l, (p, need)) in prints.iter().zip(needed.iter_mut()).enumerate() {
             let depth = cfg.depth(p.policy);
-            let mut needed = 0usize;
-            for s in &parsed {
+            for (i, s) in parsed.iter().enumerate() {
                 let from = s.froms.get(l).copied().unwrap_or(s.end);
-                for run in Runs::ring(from, s.end.saturating_sub(from), depth).as_slice() {
-                    needed = needed.max(run.end());
+                let n = s.end.saturating_sub(from);
+                if n > depth {
+                    return Err(chain_err(
+                        i,
+                        snap_err(format!(
+                            "layer {l}: carries {n} positions [{from}, {}), more than its {depth} slots",
+                            s.end
+                        )),
+                    ));
+                }
+                for run in Runs::ring(from, n, depth).as_slice() {
+                    *need = (*need).max(run.end());
                 }
             }
-            pools.get_mut(l)?.ensure(needed)?;
+        }
+        // Room (growth may fail), then the rows, then the length.
+        let (seq, pools) = self.parts_mut();
+        for (l, &need) in needed.iter().enumerate() {
+            pools.get_mut(l)?.ensure(need)?;
         }
         for s in &parsed {
             for (l, p) in prints.iter().enumerate() {

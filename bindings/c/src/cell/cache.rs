@@ -36,7 +36,8 @@ pub unsafe extern "C" fn okv_cell_cache_free(cache: *mut okv_cell_cache) -> okv_
     guard(|| unsafe { release(cache, "okv_cell_cache_free") })
 }
 
-/// A new empty sequence; its id is never handed out again in this process.
+/// A new empty sequence. Its id is unique in the process: never handed out
+/// again, and refused (`OKV_ERR_UNKNOWN_SEQUENCE`) by every other cache.
 ///
 /// Statuses: `OKV_ERR_OUT_OF_CAPACITY` when `n_seq_max` sequences are live.
 #[no_mangle]

@@ -256,7 +256,8 @@ pub unsafe extern "C" fn okv_kv_cell_cache_update(
 ///
 /// Query head h reads KV head h / (n_q_heads / n_kv_heads).
 ///
-/// Statuses: as `okv_kv_seq_cache_attend`.
+/// Statuses: as `okv_kv_seq_cache_attend`; a layer the open step has not
+/// updated is `OKV_ERR_STEP_PROTOCOL`.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_attend(
     cache: *mut okv_kv_cell_cache,
