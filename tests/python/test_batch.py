@@ -15,7 +15,7 @@ from __future__ import annotations
 import offgraph_kv as okv
 import pytest
 import torch
-from model_helpers import assert_greedy_matches, reference, tiny_config, tiny_model
+from model_helpers import TINY, assert_greedy_matches, reference, tiny_config, tiny_model
 from offgraph_kv.hf import BatchGenerator
 from transformers import Gemma2ForCausalLM
 
@@ -566,7 +566,7 @@ def tiny_all_sliding():
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(sliding_window=8, **TINY)).eval()
+    model = MistralForCausalLM(MistralConfig(sliding_window=8, **{**TINY, "num_hidden_layers": 6})).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
