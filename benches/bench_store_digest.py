@@ -67,7 +67,7 @@ def main() -> None:
         ("Llama 3 8B shapes (bf16, unread pages)", len(big.names), n, timed(big, args.reps))
     )
     if not args.no_gemma:
-        from offgraph_kv.store_demo import load_gemma
+        from offgraph_kv.tools.store_demo import load_gemma
 
         gemma = load_gemma()
         params = list(gemma.parameters())

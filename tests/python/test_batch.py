@@ -397,7 +397,7 @@ def test_eos_may_be_a_list_of_ids():
 
 
 def test_serve_demo_prints_throughput_reuse_and_cells(monkeypatch, capsys):
-    from offgraph_kv import cli, serve_demo
+    from offgraph_kv.tools import cli, serve_demo
 
     monkeypatch.setattr(serve_demo, "_load", lambda threads: (tiny(), None, "a tiny model"))
     assert cli.main(["serve-demo", "--requests", "4", "--new", "5", "--no-progress"]) == 0
