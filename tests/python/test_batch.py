@@ -566,7 +566,8 @@ def tiny_all_sliding():
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(sliding_window=8, **{**TINY, "num_hidden_layers": 6})).eval()
+    shape = {**TINY, "num_hidden_layers": 6}
+    model = MistralForCausalLM(MistralConfig(sliding_window=8, **shape)).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model

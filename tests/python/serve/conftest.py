@@ -5,7 +5,8 @@ end, which must exit 0."""
 from __future__ import annotations
 
 import pytest
-from serve_helpers import Server
+
+from .serve_helpers import Server
 
 
 @pytest.fixture(scope="module")

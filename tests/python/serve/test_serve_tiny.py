@@ -14,7 +14,8 @@ import openai
 import pytest
 import torch
 from model_helpers import reference, tiny_model
-from serve_helpers import Server
+
+from .serve_helpers import Server
 
 # Wide enough that a 1,900-token generation takes seconds (the queue test needs a request that
 # runs while others wait), small enough to load in a moment.
