@@ -531,7 +531,9 @@ fn no_foreign_abi_function_is_defined_without_catch_unwind() {
         .collect();
     let boundaries: Vec<String> = sources.iter().flat_map(|(_, s)| boundary_fns(s)).collect();
     // A new boundary fn widens what counts as wrapped: review it, then list it.
-    assert_eq!(boundaries, ["guard"], "boundary fns changed");
+    // `worker` is the attention pool's thread loop: it catches a job's panic
+    // (reported as a Backend error) and no export calls it.
+    assert_eq!(boundaries, ["worker", "guard"], "boundary fns changed");
     let mut bad = Vec::new();
     let mut defs = Vec::new();
     for (name, src) in &sources {

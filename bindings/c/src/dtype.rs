@@ -125,12 +125,17 @@ pub unsafe extern "C" fn okv_dtype_from_name(
 /// string is static.
 #[no_mangle]
 pub extern "C" fn okv_dtype_name(dtype: u32) -> *const c_char {
+    let r = std::panic::catch_unwind(|| dtype_name(dtype));
+    r.unwrap_or(c"unknown").as_ptr()
+}
+
+fn dtype_name(dtype: u32) -> &'static std::ffi::CStr {
     match u8::try_from(dtype).ok().and_then(KvDtype::from_code) {
-        Some(KvDtype::Float32) => c"float32".as_ptr(),
-        Some(KvDtype::Float16) => c"float16".as_ptr(),
-        Some(KvDtype::Bfloat16) => c"bfloat16".as_ptr(),
-        Some(KvDtype::Q8_0) => c"q8_0".as_ptr(),
-        None => c"unknown".as_ptr(),
+        Some(KvDtype::Float32) => c"float32",
+        Some(KvDtype::Float16) => c"float16",
+        Some(KvDtype::Bfloat16) => c"bfloat16",
+        Some(KvDtype::Q8_0) => c"q8_0",
+        None => c"unknown",
     }
 }
 
