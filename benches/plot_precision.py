@@ -56,6 +56,7 @@ def read_medians(criterion: pathlib.Path) -> dict[Case, dict[str, float]]:
 
 def bytes_per_token() -> dict[str, dict[str, int]]:
     """``{shape: {dtype: bytes}}``: K + V bytes one token takes in every layer's pool."""
+    import numpy as np
     import offgraph_kv as okv
 
     slots = 64
@@ -64,8 +65,12 @@ def bytes_per_token() -> dict[str, dict[str, int]]:
         out[shape] = {}
         for dtype in DTYPES:
             layer = okv.LayerConfig(okv.Flat(), heads, head_dim)
-            cfg = okv.CacheConfig(slots, 1, [layer], initial_capacity=slots, dtype=dtype)
-            out[shape][dtype] = layers * okv.KvSequenceCache(cfg).nbytes() // slots
+            cfg = okv.CacheConfig(slots, 1, [layer], max_step=slots, dtype=dtype)
+            kv = okv.KvSequenceCache(cfg)
+            kv.control().begin_step(slots)  # nbytes counts the rows written
+            rows = np.zeros((heads, slots, head_dim), dtype=np.float32)
+            kv.update(0, rows, rows)
+            out[shape][dtype] = layers * kv.nbytes() // slots
     return out
 
 

@@ -627,6 +627,8 @@ def _cell_rows():
                     exc,
                 )
         row(f"{n}()", "cfg None", plain_world, lambda _, c=cls: c(None, 8), TypeError)
+        row(f"{n}.audit", "an argument", w, lambda x: x.c.audit(0), TypeError)
+        row(f"{n}.audit", "a sound cache", w, lambda x: x.c.audit(), OK, lambda x, r: r is None)
         faces = {n: lambda x: x.c, "CellControl": lambda x: x.c.control()}
         ids = BAD_INDEX_NONE + [
             ("foreign id", "FOREIGN", E.UnknownSequenceError),
