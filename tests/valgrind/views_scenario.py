@@ -23,11 +23,19 @@ for step in range(60):
         s = kv.update(layer, rows, rows)
         if step % 7 == 0:
             views.append((s.k, s.v))
+k0, v0 = views[0]
+# growth never moved the pool: the first view still sees its rows
+assert (k0[:, :2] == first).all() and (v0[:, :2] == first + 100).all()
+reserved = kv.pool_memory == "reserve"
 kv.rewind(kv.length - 2)
 kv.clear()
 del kv, spec, s
 gc.collect()
-k0, v0 = views[0]
-assert (k0[:, :2] == first).all() and (v0[:, :2] == first + 100).all()
+# alive after clear and the cache's end: a reserved pool's pages went back to the OS
+# (they read zeros), a pool grown by copies keeps its old bytes
+if reserved:
+    assert not k0.any() and not v0.any()
+else:
+    assert (k0[:, :2] == first).all() and (v0[:, :2] == first + 100).all()
 total = sum(float(k.sum()) + float(v.sum()) for k, v in views)
 print("views ok", len(views), total)

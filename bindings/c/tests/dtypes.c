@@ -156,10 +156,11 @@ static void test_round_trips(void) {
             EXPECT(pv.k_dtype == kd && pv.v_dtype == vd);
             EXPECT(pv.k_row_bytes == row_bytes[kd] && pv.v_row_bytes == row_bytes[vd]);
             EXPECT(pv.n_kv_heads == HEADS && pv.head_dim == HD && pv.slots >= n);
-            /* nbytes: the slots' rows in the stored dtypes, all layers. */
+            /* nbytes: the rows written (n, flat layers) in the stored
+             * dtypes, all layers. */
             size_t nb = 0;
             EXPECT_OK(okv_kv_seq_cache_nbytes(kv, &nb));
-            EXPECT(nb == LAYERS * HEADS * pv.slots * (row_bytes[kd] + row_bytes[vd]));
+            EXPECT(nb == LAYERS * HEADS * n * (row_bytes[kd] + row_bytes[vd]));
             EXPECT(kd != OKV_DTYPE_F32 || vd != OKV_DTYPE_F32 || nb == ref_bytes);
             /* Read the rows back: float16/bfloat16 exact (the values are
              * representable), q8_0 within half a quantization step. */

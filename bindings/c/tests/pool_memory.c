@@ -48,7 +48,7 @@ static void sequence_cache(int grow) {
     } else {
         /* The same address, and the first view reads head 1's row 2999. */
         EXPECT(now.k == first.k && now.v == first.v);
-        EXPECT(memcmp(first.k + (DEPTH + 2999) * DIM, k + DIM, DIM * sizeof(float)) == 0);
+        EXPECT(memcmp((const float *)first.k + (DEPTH + 2999) * DIM, k + DIM, DIM * sizeof(float)) == 0);
         EXPECT(reserved == (size_t)DEPTH * HEADS * DIM * 4 * 2);
     }
     EXPECT_OK(okv_kv_seq_cache_clear(kv));
@@ -91,7 +91,7 @@ static void cell_cache(void) {
     EXPECT_OK(okv_kv_cell_cache_pool(kc, 0, &view));
     /* Sequence 1's second chunk went to cells 320..383 (lowest free first). */
     float survivor[DIM];
-    memcpy(survivor, view.k + 320 * DIM, sizeof survivor);
+    memcpy(survivor, (const float *)view.k + 320 * DIM, sizeof survivor);
     size_t high = 0, after = 0;
     EXPECT_OK(okv_kv_cell_cache_nbytes(kc, &high));
     EXPECT(high == 512u * HEADS * DIM * 4 * 2);
@@ -102,7 +102,7 @@ static void cell_cache(void) {
     EXPECT(after == 384u * HEADS * DIM * 4 * 2); /* up to sequence 1's last cell */
     okv_pool_view again;
     EXPECT_OK(okv_kv_cell_cache_pool(kc, 0, &again));
-    EXPECT(memcmp(again.k + 320 * DIM, survivor, sizeof survivor) == 0);
+    EXPECT(memcmp((const float *)again.k + 320 * DIM, survivor, sizeof survivor) == 0);
     size_t reserved = 0;
     EXPECT_OK(okv_kv_cell_cache_reserved_bytes(kc, &reserved));
     EXPECT(reserved >= high);
