@@ -40,7 +40,7 @@ static void test_dtypes_and_snapshots() {
     EXPECT_STATUS(status_of([&] { p.k_rows<float>(); }), OKV_ERR_INVALID_ARGUMENT);
     std::vector<float> vf = p.v_float();
     EXPECT(vf.size() == 2 * p.slots * 32 && vf[0] == -1.0f && vf[33] == -1.0f);
-    EXPECT(kv.nbytes() == 2 * 2 * p.slots * 64);
+    EXPECT(kv.nbytes() == 2 * 2 * 2 * 64);  // K and V, 2 heads, the 2 rows written
     std::vector<std::uint8_t> snap = kv.save();
     okv::KvSequenceCache back(cfg);
     back.load(snap);
