@@ -6,7 +6,8 @@ Three parts, each measured in a fresh child process (so resident memory is the c
 1. **Decode** token by token from 0 to ``--tokens`` (32,768) on the Llama-8B shape: 32 layers,
    8 KV heads x 128, capacity 32,768, ``max_step`` 512, float16 and q8_0 pools. Each step is
    ``begin_step(1)`` and one ``update`` per layer (float16 rows); its wall time is recorded.
-   Reported: median and worst step and their ratio (target <= 3x), resident memory over the rows'
+   Reported: median and worst step and their ratio (target <= 3x; each step's median over
+   ``--repeats`` runs, see ``recurring``), resident memory over the rows'
    bytes at 1K, 8K, 8K+1 and the end (target <= 1.05x plus one page per head per layer), and
    resident memory after ``clear()`` over the peak (target <= 1%). The same run repeats with the
    copy-growth fallback (``OFFGRAPH_KV_POOLS=grow``, what every pool did before) up to 8K+1 for
@@ -88,6 +89,7 @@ def child_decode(p: dict) -> dict:
     worst = int(np.argmax(ms))
     return {
         "pool_memory": kv.pool_memory,
+        "times_us": [round(float(x) * 1e3, 1) for x in ms],
         "median_ms": float(np.median(ms)),
         "p999_ms": float(np.quantile(ms, 0.999)),
         "worst_ms": float(ms[worst]),
@@ -196,7 +198,26 @@ def in_child(kind: str, params: dict, env: dict | None = None) -> dict:
 # ----------------------------------------------------------------------------- parent
 
 
-def run(quick: bool) -> dict:
+def recurring(runs: list[dict]) -> dict:
+    """A stall the pools cause falls on the same token in every run (growth and page commits
+    are deterministic); the machine's own interruptions (another process, an interrupt) fall
+    anywhere. Each token's median over the runs keeps the first and drops the second; the
+    worst of those is the step the pools are answerable for. The raw worst (any run) is kept
+    beside it."""
+    import numpy as np
+
+    times = np.median(np.array([r.pop("times_us") for r in runs]), axis=0) / 1e3
+    worst = int(np.argmax(times))
+    return {
+        "runs": len(runs),
+        "median_ms": float(np.median(times)),
+        "recurring_ms": float(times[worst]),
+        "recurring_at": worst + 1,
+        "worst_ms": max(r["worst_ms"] for r in runs),
+    }
+
+
+def run(quick: bool, repeats: int = 3) -> dict:
     if quick:
         shape = {"layers": 4, "heads": 2, "dim": 128, "capacity": 4096}
         tokens, marks, hf_ctx, hf_steps = 2048, [256, 1024, 1025, 2048], 256, 4
@@ -209,11 +230,12 @@ def run(quick: bool) -> dict:
     for dtype in ["float16", "q8_0"]:
         for memory, upto in [("reserve", tokens), ("grow", marks[2])]:
             p = {**shape, "dtype": dtype, "tokens": upto, "marks": [m for m in marks if m <= upto]}
-            r = in_child("decode", p, {"OFFGRAPH_KV_POOLS": memory})
+            runs = [in_child("decode", p, {"OFFGRAPH_KV_POOLS": memory}) for _ in range(repeats)]
+            r = {**runs[0], **recurring(runs)}
             res["decode"][f"{dtype} {memory}"] = r
             print(
                 f"decode {dtype} {memory}: median {r['median_ms']:.3f} ms, "
-                f"worst {r['worst_ms']:.2f} ms",
+                f"worst {r['worst_ms']:.2f} ms, worst in every run {r['recurring_ms']:.2f} ms",
                 flush=True,
             )
     for cache in ["DynamicCache", "OffgraphCache"]:
@@ -236,15 +258,20 @@ def table(res: dict) -> str:
         "memory model; `grow`: the copy-growth fallback (`OFFGRAPH_KV_POOLS=grow`, what every pool "
         "did before), run to the first mark past 8K.",
         "",
-        "| pools | median step (ms) | worst step (ms) | worst / median | worst at token "
-        "| p99.9 / median |",
-        "|---|---|---|---|---|---|",
+        f"Each decode ran {next(iter(res['decode'].values()))['runs']} times; a step's time is "
+        "its median over the runs, so a stall the pools cause (the same token every run) "
+        "counts and the machine's own interruptions (anywhere) do not. The worst raw step of any "
+        "run is beside it.",
+        "",
+        "| pools | median step (ms) | worst step (ms) | worst / median (target <= 3x) "
+        "| worst at token | worst raw step, any run (ms) | raw / median |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in res["decode"].items():
         lines.append(
-            f"| {name} | {r['median_ms']:.3f} | {r['worst_ms']:.2f} "
-            f"| {r['worst_ms'] / r['median_ms']:.1f}x "
-            f"| {r['worst_at']} | {r['p999_ms'] / r['median_ms']:.1f}x |"
+            f"| {name} | {r['median_ms']:.3f} | {r['recurring_ms']:.2f} "
+            f"| {r['recurring_ms'] / r['median_ms']:.1f}x "
+            f"| {r['recurring_at']} | {r['worst_ms']:.2f} | {r['worst_ms'] / r['median_ms']:.1f}x |"
         )
     lines += [
         "",
@@ -304,13 +331,16 @@ def main(argv: list[str] | None = None) -> dict:
         "--quick", action="store_true", help="a small shape (CI), nothing written unless --out"
     )
     ap.add_argument("--out", default=None, help="path prefix of the .json/.md written")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="decode runs per kind (each step: the median)"
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         job = json.loads(args.child)
         print(json.dumps(CHILDREN[job["kind"]](job["params"])))
         return {}
-    res = run(args.quick)
+    res = run(args.quick, 1 if args.quick else args.repeats)
     md = table(res)
     print()
     print(md)

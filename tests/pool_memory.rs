@@ -319,3 +319,86 @@ fn clear_and_trim_lower_resident_memory() {
         (full - after) / MIB
     );
 }
+
+/// Whether the page holding `p` is resident (Linux `mincore`).
+#[cfg(target_os = "linux")]
+fn resident(p: *const u8) -> bool {
+    let page = 4096usize;
+    let lo = (p as usize) & !(page - 1);
+    let mut v = 0u8;
+    // SAFETY: one page of a live mapping, one status byte out.
+    let rc = unsafe { libc::mincore(lo as *mut libc::c_void, page, &mut v) };
+    assert_eq!(rc, 0, "mincore");
+    v & 1 == 1
+}
+
+/// A reservation commits each head's first page up front and every later
+/// page before the row that first writes it, at a step that differs per
+/// head: rows written token by token never meet a fresh page, and the heads
+/// do not all take their next page in the same step.
+#[cfg(target_os = "linux")]
+#[test]
+fn pages_are_committed_ahead_of_rows_at_staggered_steps() {
+    const H: usize = 16;
+    const D: usize = 128; // float16: 256-byte rows, 16 to a 4 KiB page
+    const DEPTH: usize = 4096;
+    let f16 = KvDtype::Float16;
+    let mut pool = Pool::with_memory(H, D, 1, DEPTH, f16, f16, PoolMemory::Reserve).unwrap();
+    if pool.memory() != PoolMemory::Reserve {
+        return; // the OS refused; the fallback has no pages to commit
+    }
+    let rb = 2 * D;
+    let base = |side: usize, pool: &Pool| {
+        if side == 0 {
+            pool.k().bytes.as_ptr()
+        } else {
+            pool.v().bytes.as_ptr()
+        }
+    };
+    let at = |pool: &Pool, side: usize, h: usize, row: usize| {
+        // SAFETY: inside the reservation (h < H, row < DEPTH).
+        unsafe { base(side, pool).add((h * DEPTH + row) * rb) }
+    };
+    for side in 0..2 {
+        for h in 0..H {
+            assert!(resident(at(&pool, side, h, 0)), "first page of head {h}");
+        }
+    }
+    let row = vec![0.5f32; H * D];
+    let mut steps_committing = std::collections::BTreeSet::new();
+    for t in 0..200 {
+        for side in 0..2 {
+            for h in 0..H {
+                if t % 16 == 0 {
+                    assert!(
+                        resident(at(&pool, side, h, t)),
+                        "row {t} of head {h} found its page fresh"
+                    );
+                }
+            }
+        }
+        let ahead: Vec<bool> = (0..2 * H)
+            .map(|r| t + 1 < DEPTH && resident(at(&pool, r / H, r % H, (t / 16 + 1) * 16)))
+            .collect();
+        pool.ensure(t + 1).unwrap();
+        pool.write_rows(&row, &row, 1, 0, t, 1).unwrap();
+        for r in 0..2 * H {
+            if !ahead[r] && resident(at(&pool, r / H, r % H, (t / 16 + 1) * 16)) {
+                steps_committing.insert(t % 16);
+            }
+        }
+        // Nothing is committed further than the next page.
+        for side in 0..2 {
+            for h in 0..H {
+                assert!(
+                    !resident(at(&pool, side, h, (t / 16 + 2) * 16)),
+                    "two pages ahead"
+                );
+            }
+        }
+    }
+    assert!(
+        steps_committing.len() >= 4,
+        "heads take their next page at {steps_committing:?} of each page's 16 steps"
+    );
+}

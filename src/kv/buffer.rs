@@ -131,6 +131,17 @@ impl Buffer {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    /// Commits the page of a reservation that holds byte `at` before a row
+    /// on it is written (a heap buffer does nothing). Callers hold `&mut
+    /// Pool`; the page's bytes do not change, so readers see nothing.
+    pub(crate) fn prefault(&self, at: usize) {
+        if let Some(map) = &self.map {
+            if at < self.len {
+                populate(map, at);
+            }
+        }
+    }
+
     /// Gives the whole pages inside bytes `[start, end)` of a reservation
     /// back to the OS; they read as zeros afterwards. Bytes of partly covered
     /// pages are kept. A heap buffer keeps its memory (nothing happens).
@@ -155,6 +166,22 @@ impl Buffer {
     }
 }
 
+/// Commits the page holding byte `at` of `map` now (`MADV_POPULATE_WRITE`),
+/// without changing a byte of it. An error (a kernel before 5.14) only means
+/// the first write commits it instead.
+#[cfg(target_os = "linux")]
+fn populate(map: &memmap2::MmapMut, at: usize) {
+    let page = page_size();
+    let lo = at.saturating_sub(at.checked_rem(page).unwrap_or(0));
+    let len = page.min(map.len().saturating_sub(lo));
+    if len > 0 {
+        let _ = map.advise_range(memmap2::Advice::PopulateWrite, lo, len);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn populate(_: &memmap2::MmapMut, _: usize) {}
+
 /// Gives pages `[lo, lo + len)` of `map` back to the OS.
 #[cfg(unix)]
 fn dont_need(map: &memmap2::MmapMut, lo: usize, len: usize) {
@@ -172,14 +199,14 @@ fn dont_need(_: &memmap2::MmapMut, _: usize, _: usize) {}
 
 /// The OS page size (4 KiB where it cannot be read).
 #[cfg(unix)]
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
 #[cfg(not(unix))]
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     4096
 }
 

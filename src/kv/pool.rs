@@ -11,6 +11,11 @@
 //! `initial_capacity` up to the depth, each growth a copy to a wider stride;
 //! the refusal is said once on stderr, and [`Pool::memory`] tells which.
 //!
+//! A reservation commits each head's next page a little before a row reaches
+//! it ([`Pool::write_rows_in`]), at a point that differs per head and pool:
+//! otherwise every head of every layer would cross onto a fresh page in the
+//! same decode step and that one step would pay all their page faults.
+//!
 //! Rows are reached through a small typed API ([`Pool::k`], [`Pool::k_row`],
 //! [`Pool::write_rows_in`], ...), never by element arithmetic outside this file,
 //! so every pool dtype shares one layout rule: head `h`'s row `s` starts at
@@ -83,6 +88,15 @@ pub struct Pool {
     v: Arc<Buffer>,
     /// One row widened to f32 (reused by every write).
     tmp: Vec<f32>,
+    /// The OS page size (what `prefault_ahead` commits ahead).
+    page: usize,
+}
+
+/// A 64-bit mix (splitmix64's finalizer): spreads each head's lead.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// Which of a layer's two pools.
@@ -168,6 +182,7 @@ impl Pool {
             k: Buffer::zeroed(0)?,
             v: Buffer::zeroed(0)?,
             tmp: vec![0.0; head_dim],
+            page: super::buffer::page_size().max(1),
         };
         if memory == PoolMemory::Reserve {
             match Buffer::reserve(k_full).and_then(|k| Ok((k, Buffer::reserve(v_full)?))) {
@@ -176,6 +191,14 @@ impl Pool {
                     pool.v = v;
                     pool.slots = depth.max(1);
                     pool.memory = PoolMemory::Reserve;
+                    // Each head's first page now, so the first step does not
+                    // fault them all at once (one page per head, as budgeted).
+                    for side in [Side::K, Side::V] {
+                        let run = pool.slots.saturating_mul(pool.row_bytes(side));
+                        for h in 0..n_heads {
+                            pool.buf(side).prefault(h.saturating_mul(run));
+                        }
+                    }
                     return Ok(pool);
                 }
                 Err(why) => say_refused(k_full.saturating_add(v_full), &why),
@@ -461,6 +484,33 @@ impl Pool {
         )
     }
 
+    /// Commits the page after head `h`'s rows `slot..slot + count` once the
+    /// write comes within this head's lead of it (a lead below a page, spread
+    /// over heads and pools by a hash of the buffer's address), so page faults
+    /// are paid a few per step rather than all heads at once. Exact for
+    /// rows written in order; anything else at worst commits one page early.
+    fn prefault_ahead(&self, side: Side, buf: &Buffer, h: usize, slot: usize, count: usize) {
+        if self.memory != PoolMemory::Reserve || count == 0 {
+            return;
+        }
+        let page = self.page;
+        let rb = self.row_bytes(side);
+        let key = (buf.as_ptr() as u64) ^ ((h as u64) << 1) ^ u64::from(side == Side::V);
+        // 1..=page bytes: a lead of 0 would never commit ahead.
+        let lead = usize::try_from(mix(key) % page as u64)
+            .unwrap_or(0)
+            .saturating_add(1);
+        let head = h.saturating_mul(self.slots).saturating_mul(rb);
+        let end = head.saturating_add(self.slots.saturating_mul(rb));
+        let a = head.saturating_add(slot.saturating_mul(rb));
+        let b = head.saturating_add(slot.saturating_add(count).saturating_mul(rb));
+        let next = b.div_ceil(page).saturating_mul(page);
+        // The lead reaches the next page in this write and did not before it.
+        if a.saturating_add(lead) <= next && next < b.saturating_add(lead) && next < end {
+            buf.prefault(next);
+        }
+    }
+
     /// Like [`Pool::write_rows`] for rows in any input type: each row is
     /// widened exactly to f32 and rounded once into the pool's dtype.
     pub fn write_rows_in(
@@ -496,6 +546,7 @@ impl Pool {
             let rb = self.row_bytes(side);
             let buf = self.buf(side).clone();
             for h in 0..self.n_heads {
+                self.prefault_ahead(side, &buf, h, slot, count);
                 for i in 0..count {
                     // Bounded by the checks above: h < n_heads, t0 + count <= t_total,
                     // n_heads * t_total * row == src.len(); slot + count <= slots.
