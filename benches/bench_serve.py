@@ -238,11 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         args.requests, args.concurrency, args.system_tokens, args.new_tokens = 8, 4, 128, 8
         args.no_transformers = True
 
-    from offgraph_kv.serve.loading import GEMMA3_TEMPLATE, load, resolve
-    from transformers import AutoTokenizer
+    from offgraph_kv.serve.loading import GEMMA3_TEMPLATE, load, load_tokenizer
 
-    where, gguf, name = resolve("gemma-3-270m")
-    tok = AutoTokenizer.from_pretrained(where, gguf_file=gguf)
+    name = "gemma-3-270m"
+    tok = load_tokenizer(name)
     tok.chat_template = tok.chat_template or GEMMA3_TEMPLATE
     convs = workload(tok, args.requests, args.system_tokens)
     print(
