@@ -382,8 +382,8 @@ fn pages_are_committed_ahead_of_rows_at_staggered_steps() {
             .collect();
         pool.ensure(t + 1).unwrap();
         pool.write_rows(&row, &row, 1, 0, t, 1).unwrap();
-        for r in 0..2 * H {
-            if !ahead[r] && resident(at(&pool, r / H, r % H, (t / 16 + 1) * 16)) {
+        for (r, &was) in ahead.iter().enumerate() {
+            if !was && resident(at(&pool, r / H, r % H, (t / 16 + 1) * 16)) {
                 steps_committing.insert(t % 16);
             }
         }

@@ -497,7 +497,9 @@ impl Pool {
         let rb = self.row_bytes(side);
         let key = (buf.as_ptr() as u64) ^ ((h as u64) << 1) ^ u64::from(side == Side::V);
         // 1..=page bytes: a lead of 0 would never commit ahead.
-        let lead = usize::try_from(mix(key) % page as u64)
+        let lead = mix(key)
+            .checked_rem(page as u64)
+            .and_then(|x| usize::try_from(x).ok())
             .unwrap_or(0)
             .saturating_add(1);
         let head = h.saturating_mul(self.slots).saturating_mul(rb);
