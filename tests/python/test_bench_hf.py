@@ -1,21 +1,12 @@
 """``benches/bench_hf.py`` on a tiny context: every cache variant runs and the files agree."""
 
-import importlib.util
 import json
-import pathlib
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benches" / "bench_hf.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_hf", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_helpers import load_bench
 
 
 def test_bfloat16_run_writes_every_variant(tmp_path):
-    bench = _bench()
+    bench = load_bench("bench_hf")
     out = tmp_path / "hf"
     bench.main(["--dtype", "bfloat16", "--contexts", "40", "--steps", "3", "--out", str(out)])
     doc = json.loads(out.with_suffix(".json").read_text())
@@ -38,7 +29,7 @@ def test_bfloat16_run_writes_every_variant(tmp_path):
 
 
 def test_float32_run_has_no_float32_pool_variants():
-    names = [n for n, _, _ in _bench().variants("float32")]
+    names = [n for n, _, _ in load_bench("bench_hf").variants("float32")]
     assert names == [
         "DynamicCache (sdpa)",
         "StaticCache (sdpa)",

@@ -1,22 +1,13 @@
 """``benches/bench_pools.py`` in its quick form: every part runs, and the memory figures (not the
 timings) meet the pools' targets on a small shape."""
 
-import importlib.util
 import json
-import pathlib
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benches" / "bench_pools.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_pools", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_helpers import load_bench
 
 
 def test_quick_run_meets_the_memory_targets(tmp_path):
-    bench = _bench()
+    bench = load_bench("bench_pools")
     out = tmp_path / "pools"
     res = bench.main(["--quick", "--out", str(out)])
     doc = json.loads(out.with_suffix(".json").read_text())

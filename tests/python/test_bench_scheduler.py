@@ -3,23 +3,12 @@ grow with the number of held sequences."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import offgraph_kv.prefix_index as prefix_index
-
-BENCH = Path(__file__).resolve().parents[2] / "benches" / "bench_scheduler.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_scheduler", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_helpers import load_bench
 
 
 def test_quick_form_prints_the_table(capsys):
-    bench = load_bench()
+    bench = load_bench("bench_scheduler")
     assert bench.main(["--held", "10,200", "--waiting", "20", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 10 |" in out and "| 200 |" in out and "ratio to held 10" in out
@@ -29,7 +18,7 @@ def test_prefix_comparisons_per_run_do_not_grow_with_held_sequences(monkeypatch)
     """Token-slice comparisons made while 20 waiting prompts are scheduled and run: with 200
     held sequences about as many as with 10 (before the index: one per held sequence per
     lookup)."""
-    bench = load_bench()
+    bench = load_bench("bench_scheduler")
     calls = {"n": 0}
     real = prefix_index.common_prefix
 

@@ -1,20 +1,14 @@
 """``benches/plot_precision.py`` reads the precision bench's criterion medians and plots them."""
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benches" / "plot_precision.py"
+from bench_helpers import load_bench
 
 
 @pytest.fixture(scope="module")
 def plot_precision():
-    spec = importlib.util.spec_from_file_location("plot_precision", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("plot_precision")
 
 
 def _estimate(root, group, name, ctx, ns):
