@@ -76,7 +76,7 @@ def load(spec: str) -> tuple[Any, Any, str]:
 
     where, kw, name = _source(spec)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).eval()
-    tok = load_tokenizer(spec)
+    tok = _tokenizer(where, kw)
     if tok is not None:
         with_chat_template(tok, model)
     return model, tok, name
@@ -85,12 +85,16 @@ def load(spec: str) -> tuple[Any, Any, str]:
 def load_tokenizer(spec: str) -> Any:
     """MODEL ``spec``'s tokenizer (``None`` for a directory without tokenizer files), without the
     chat template ``load`` adds where the model family needs one."""
+    where, kw, _ = _source(spec)
+    return _tokenizer(where, kw)
+
+
+def _tokenizer(where: str, kw: dict[str, Any]) -> Any:
     from transformers import AutoTokenizer
 
-    where, kw, _ = _source(spec)
     try:
         return AutoTokenizer.from_pretrained(where, **kw)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError):  # a directory without tokenizer files
         return None
 
 
