@@ -13,6 +13,7 @@ import pytest
 import torch
 from model_helpers import reference
 from offgraph_kv.serve.loading import chat_ids, stop_token_ids, with_chat_template
+from offgraph_kv.tools.serve_demo import QUESTIONS  # the demo's customer questions
 
 torch.set_num_threads(2)
 
@@ -23,16 +24,6 @@ SYSTEM = (
     "they are relevant. Never invent products: the bakery sells bread, rolls, cakes, pies and "
     "coffee, and takes orders for birthday cakes two days ahead."
 )
-QUESTIONS = [
-    "Do you sell rye bread?",
-    "Are you open on Monday?",
-    "Can I order a birthday cake?",
-    "Do you have gluten-free options?",
-    "What time do you open on Saturday?",
-    "Is there parking nearby?",
-    "Do you take card payments?",
-    "Can I bring my dog inside?",
-]
 
 
 @pytest.fixture(scope="module")
