@@ -20,28 +20,17 @@
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
 
 use offgraph_kv::attention::{attend_into, AttendOptions, Backend, NativeIsa};
-use offgraph_kv::dtype::encode;
 use offgraph_kv::{KvDtype, KvRows};
 use std::hint::black_box;
 use std::sync::mpsc;
 use std::time::Instant;
 
 mod common;
-use common::{causal_spec, data, floor_isa, fma_peak, read_kv, read_sum};
+use common::{causal_spec, data, floor_isa, fma_peak, pool, read_kv, read_sum};
 
 const N_KV: usize = 8;
 const N_Q: usize = 32;
 const HD: usize = 128;
-
-/// A pool of `dtype` rows in f32 words (4-byte aligned storage for its bytes).
-fn pool(dtype: KvDtype, values: &[f32]) -> Vec<f32> {
-    let n = dtype.row_bytes(values.len());
-    let mut words = vec![0f32; n.div_ceil(4)];
-    // SAFETY: the f32 vector holds at least n bytes; u8 has no invalid values.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), n) };
-    assert!(encode(dtype, values, bytes));
-    words
-}
 
 /// The first `n` bytes of `words` as rows of `dtype`.
 fn rows(dtype: KvDtype, words: &[f32], n: usize) -> KvRows<'_> {

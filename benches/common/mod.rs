@@ -249,3 +249,13 @@ pub fn fma_peak(threads: usize) -> f64 {
     }
     f64::NAN
 }
+
+/// A pool of `dtype` rows in f32 words (4-byte aligned storage for its bytes).
+pub fn pool(dtype: offgraph_kv::KvDtype, values: &[f32]) -> Vec<f32> {
+    let n = dtype.row_bytes(values.len());
+    let mut words = vec![0f32; n.div_ceil(4)];
+    // SAFETY: the f32 vector holds at least n bytes; u8 has no invalid values.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), n) };
+    assert!(offgraph_kv::dtype::encode(dtype, values, bytes));
+    words
+}
