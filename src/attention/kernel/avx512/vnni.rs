@@ -31,17 +31,8 @@ pub(super) unsafe fn quantize(qs: *const f32, nr: usize, hd: usize, out: *mut u8
             let x = std::slice::from_raw_parts(qs.add(i * hd), hd);
             let row = out.add(i * row_stride(hd));
             let q = std::slice::from_raw_parts_mut(row.cast::<i8>(), hd);
-            let scales = row.add(hd).cast::<f32>();
             let corr = row.add(hd + hd / 32 * 4).cast::<i32>();
-            for (b, (xb, qb)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
-                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-                for (qv, xv) in qb.iter_mut().zip(xb) {
-                    *qv = (xv * id).round() as i8;
-                }
-                scales.add(b).write_unaligned(d);
-            }
+            super::super::avx2_int8::quantize_blocks(x, q, row.add(hd).cast::<f32>());
             for (g, qg) in q.chunks_exact(4).enumerate() {
                 let s: i32 = qg.iter().map(|v| *v as i32).sum();
                 corr.add(g).write_unaligned(-128 * s);
