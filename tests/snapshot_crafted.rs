@@ -4,6 +4,7 @@
 //! loading cache is unchanged, its pools' sizes and bytes included.
 
 use offgraph_kv::kv::snapshot::{crc32, MAX_POSITION};
+use offgraph_kv::kv::Pool;
 use offgraph_kv::{
     snapshot_info, CacheConfig, CacheError, KvCellCache, KvDtype, KvSequenceCache, LayerConfig,
     LayerPolicy,
@@ -50,13 +51,13 @@ fn feed(c: &mut KvSequenceCache, to: usize, step: usize) {
     }
 }
 
-/// Bookkeeping, every pool's size and bytes.
-fn state(c: &KvSequenceCache) -> (String, usize, Vec<usize>, Vec<Vec<u8>>) {
-    let n = c.config().n_layers;
-    let pools: Vec<_> = (0..n).map(|l| c.pool(l).unwrap()).collect();
+/// Bookkeeping (as `Debug`), bytes held, every pool's size and bytes.
+type State = (String, usize, Vec<usize>, Vec<Vec<u8>>);
+
+fn pools_state(book: String, nbytes: usize, pools: &[&Pool]) -> State {
     (
-        format!("{:?}", c.sequence()),
-        c.nbytes_total(),
+        book,
+        nbytes,
         pools.iter().map(|p| p.slots()).collect(),
         pools
             .iter()
@@ -65,18 +66,18 @@ fn state(c: &KvSequenceCache) -> (String, usize, Vec<usize>, Vec<Vec<u8>>) {
     )
 }
 
-fn cell_state(c: &KvCellCache) -> (String, usize, Vec<usize>, Vec<Vec<u8>>) {
-    let n = c.config().n_layers;
-    let pools: Vec<_> = (0..n).map(|l| c.pool(l).unwrap()).collect();
-    (
-        format!("{:?}", c.cells()),
-        c.nbytes_total(),
-        pools.iter().map(|p| p.slots()).collect(),
-        pools
-            .iter()
-            .flat_map(|p| [p.k().bytes.to_vec(), p.v().bytes.to_vec()])
-            .collect(),
-    )
+fn state(c: &KvSequenceCache) -> State {
+    let pools: Vec<_> = (0..c.config().n_layers)
+        .map(|l| c.pool(l).unwrap())
+        .collect();
+    pools_state(format!("{:?}", c.sequence()), c.nbytes_total(), &pools)
+}
+
+fn cell_state(c: &KvCellCache) -> State {
+    let pools: Vec<_> = (0..c.config().n_layers)
+        .map(|l| c.pool(l).unwrap())
+        .collect();
+    pools_state(format!("{:?}", c.cells()), c.nbytes_total(), &pools)
 }
 
 fn with_crc(mut body: Vec<u8>) -> Vec<u8> {
