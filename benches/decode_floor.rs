@@ -94,7 +94,18 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(if quick { 5 } else { 41 });
-    let ctxs: &[usize] = if quick { &[2048] } else { &[2048, 8192] };
+    // `DECODE_BENCH_CTX` / `DECODE_BENCH_THREADS` (comma lists) narrow the grid.
+    let pick = |var: &str, all: &[usize]| -> Vec<usize> {
+        std::env::var(var)
+            .ok()
+            .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_else(|| all.to_vec())
+    };
+    let ctxs = pick(
+        "DECODE_BENCH_CTX",
+        if quick { &[2048] } else { &[2048, 8192] },
+    );
+    let thread_counts = pick("DECODE_BENCH_THREADS", &[1, 2]);
     let flush = vec![1.0f32; 24 << 20];
     let helper = Helper::new();
     let peak = [fma_peak(1), fma_peak(2)];
@@ -106,7 +117,7 @@ fn main() {
     );
     println!("| ctx | threads | cache | dtype | kernel ms | floor ms | kernel / floor | GFLOP/s | / FMA peak |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for &ctx in ctxs {
+    for &ctx in &ctxs {
         let kf = data(N_KV * ctx * HD, 1);
         let vf = data(N_KV * ctx * HD, 2);
         let q = data(N_Q * HD, 3);
@@ -116,7 +127,7 @@ fn main() {
             .iter()
             .map(|&d| (d, pool(d, &kf), pool(d, &vf)))
             .collect();
-        for threads in [1usize, 2] {
+        for &threads in &thread_counts {
             for warm in [false, true] {
                 for (dtype, k, v) in &pools {
                     let n = dtype.row_bytes(HD) * N_KV * ctx;

@@ -5,7 +5,7 @@
 //! q8_0 keys by integer dot products instead (`avx2_int8.rs`).
 
 use super::simd::{widen_rows, Simd};
-use super::{run_block, Block, Isa, Portable, State, Step};
+use super::{run_block, Block, Isa, Portable, State, Step, KT};
 use crate::dtype::KvDtype;
 use std::arch::x86_64::*;
 
@@ -65,6 +65,87 @@ impl<const I8: bool> Isa for Avx2<I8> {
     unsafe fn decode_rows(dtype: KvDtype, src: *const u8, n_rows: usize, hd: usize, dst: *mut f32) {
         // SAFETY: the trait contract.
         unsafe { widen_rows::<Self>(dtype, src, n_rows, hd, dst) }
+    }
+
+    /// In 8-lane registers: the portable step's `exp2` keeps a branch per
+    /// lane, which left it scalar and made it half of a decode call's time.
+    #[inline(always)]
+    unsafe fn softmax_row(row: &mut [f32; KT], va: usize, vb: usize, m_old: f32) -> (f32, f32) {
+        const NV: usize = KT / 8;
+        let rp = row.as_mut_ptr();
+        // SAFETY: row holds KT = 8·NV floats; register ops otherwise; the
+        // caller runs with AVX2 (trait contract).
+        unsafe {
+            let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            // va < vb <= KT = 64, so both fit i32.
+            let (a, b) = (_mm256_set1_epi32(va as i32), _mm256_set1_epi32(vb as i32));
+            let mut s = [ninf; NV];
+            let mut mx = ninf;
+            for (v, sv) in s.iter_mut().enumerate() {
+                let idx = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * v as i32));
+                // va <= idx < vb
+                let vis =
+                    _mm256_andnot_si256(_mm256_cmpgt_epi32(a, idx), _mm256_cmpgt_epi32(b, idx));
+                *sv = _mm256_blendv_ps(
+                    ninf,
+                    _mm256_loadu_ps(rp.add(8 * v)),
+                    _mm256_castsi256_ps(vis),
+                );
+                // NaN in the first operand yields the second: NaN scores are
+                // skipped, as f32::max does.
+                mx = _mm256_max_ps(*sv, mx);
+            }
+            let mn = m_old.max(reduce(mx, |x, y| _mm_max_ps(y, x)));
+            let mb = _mm256_set1_ps(mn);
+            let mut sum = _mm256_setzero_ps();
+            for (v, sv) in s.iter().enumerate() {
+                let p = exp2_ps(_mm256_sub_ps(*sv, mb));
+                sum = _mm256_add_ps(sum, p);
+                _mm256_storeu_ps(rp.add(8 * v), p);
+            }
+            (mn, reduce(sum, |x, y| _mm_add_ps(x, y)))
+        }
+    }
+}
+
+/// The 8 lanes of `x` folded by `op` to one value.
+#[inline(always)]
+unsafe fn reduce(x: __m256, op: impl Fn(__m128, __m128) -> __m128) -> f32 {
+    // SAFETY: register-only AVX ops; the caller runs with AVX2.
+    unsafe {
+        let h = op(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let h = op(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(op(h, _mm_shuffle_ps::<1>(h, h)))
+    }
+}
+
+/// `2^x` lane-wise with `softmax::exp2`'s contract: NaN and x below -126
+/// give 0; the same polynomial, with fused steps.
+#[inline(always)]
+unsafe fn exp2_ps(x: __m256) -> __m256 {
+    // SAFETY (whole fn): register-only AVX2/FMA ops; the caller runs with both.
+    unsafe {
+        let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(-126.0));
+        // max_ps returns the second operand when x is NaN (masked by keep).
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-127.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        let f = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(std::f32::consts::LN_2));
+        let mut p = _mm256_set1_ps(1.0 / 5040.0);
+        for c in [
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ] {
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+        }
+        let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+        let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e));
+        _mm256_and_ps(_mm256_mul_ps(p, scale), keep)
     }
 }
 
@@ -145,6 +226,76 @@ impl<const I8: bool> Simd for Avx2<I8> {
         unsafe {
             let q = _mm_loadl_epi64(q.cast());
             _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)))
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::unwrap_used)]
+mod tests {
+    use super::super::{portable::softmax_row_portable, Isa, KT};
+    use super::Avx2;
+
+    fn avx2() -> bool {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+
+    /// The register softmax step agrees with the portable one on every
+    /// visible window, with masked lanes, NaN, -inf, far-negative and
+    /// underflowing scores and a running max above or below the tile's.
+    #[test]
+    fn softmax_row_matches_portable() {
+        assert!(avx2(), "this suite runs on AVX2 machines");
+        let mut seed = 0x9e37_79b9_u32;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed as f32 / u32::MAX as f32
+        };
+        for case in 0..400 {
+            let m_old = match case % 4 {
+                0 => f32::NEG_INFINITY,
+                1 => 30.0,
+                2 => -5.0,
+                _ => 0.0,
+            };
+            let mut row = [0f32; KT];
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = match (case + j) % 17 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 => -1.0e4,
+                    3 => -130.0 + rnd(),
+                    // Around exp2's cut at -126 below a running max of 30
+                    // that every other score stays under.
+                    4 => 30.0 - 126.0 - 0.5 * rnd(),
+                    5 => 30.0 - 126.0 + 0.5 * rnd(),
+                    6 => 30.0 - 127.0 - rnd(),
+                    _ => 40.0 * rnd() - 20.0,
+                };
+            }
+            let va = case % KT;
+            let vb = va + 1 + (case * 7) % (KT - va);
+            let mut want = row;
+            let (wm, ws) = softmax_row_portable(&mut want, va, vb, m_old);
+            let mut got = row;
+            // SAFETY: AVX2, FMA and F16C asserted above; va < vb <= KT.
+            let (gm, gs) = unsafe { Avx2::<false>::softmax_row(&mut got, va, vb, m_old) };
+            assert_eq!(gm.to_bits(), wm.to_bits(), "case {case}: max");
+            assert!(
+                (gs - ws).abs() <= 1e-5 * ws.abs().max(1e-30),
+                "case {case}: sum {gs} vs {ws}"
+            );
+            for j in 0..KT {
+                let (g, w) = (got[j], want[j]);
+                assert!(
+                    (g - w).abs() <= 1e-6 * w.abs().max(1e-37),
+                    "case {case} lane {j} ({va}..{vb}): {g} vs {w}"
+                );
+            }
         }
     }
 }

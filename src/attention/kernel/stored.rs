@@ -121,9 +121,14 @@ unsafe fn rows<S: Simd, const R: usize, K: Load, V: Load>(s: Step) {
                     }
                     S::hsum(&a, &mut sums);
                 }
+                // Element stores: a slice copy of KB floats here became a
+                // memcpy call per row.
+                let nj = S::KB.min(s.nk - j0);
                 for i in 0..R {
-                    for jj in 0..S::KB.min(s.nk - j0) {
-                        *s.sc.add(i * KT + j0 + jj) = sums[i * S::KB + jj];
+                    for jj in 0..S::KB {
+                        if jj < nj {
+                            s.sc.add(i * KT + j0 + jj).write(sums[i * S::KB + jj]);
+                        }
                     }
                 }
                 j0 += S::KB;
