@@ -45,6 +45,10 @@ impl<const I8: bool> Isa for Avx2<I8> {
         nr <= 4 && hd.is_multiple_of(8)
     }
 
+    // Prefill blocks too: the scratch-tile kernels reduce each score
+    // separately and keep P·V accumulators in memory.
+    const STORED_GROUPS: bool = true;
+
     #[inline(always)]
     unsafe fn quantize_q(qs: *const f32, nr: usize, hd: usize, out: *mut u8) -> *const u8 {
         if !I8 || !hd.is_multiple_of(32) {

@@ -94,6 +94,11 @@ pub(crate) trait Isa: Copy {
         false
     }
 
+    /// Whether blocks of more rows than [`Isa::stored_ok`] serves run the
+    /// stored step 4 rows at a time (each group re-reading the tile from
+    /// cache) instead of the scratch-tile micro-kernels.
+    const STORED_GROUPS: bool = false;
+
     /// The pipelined step over K and V rows as stored, widened in registers
     /// instead of through a scratch tile.
     ///
@@ -178,6 +183,8 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
     let mut prev = (0usize, 0usize);
     let mut cur = 0usize;
     // q quantized once for the whole block (its conv tiles stay unused on the stored path).
+    // Decode blocks only (rows in one stored group): a prefill's q8_0 keys
+    // are widened, so its scores keep f32 queries.
     let q8 = if b.k.dtype == KvDtype::Q8_0 && I::stored_ok(nr, hd) && conv.len() >= nr * hd {
         // SAFETY: qs holds nr*hd floats, conv 4*nr*hd bytes (checked).
         unsafe { I::quantize_q(b.qs.as_ptr(), nr, hd, conv.as_mut_ptr().cast()) }
@@ -220,6 +227,13 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
     }
 }
 
+/// Whether the block's rows go through [`Isa::scores_pv_stored`] (whole or
+/// in groups of 4).
+#[inline(always)]
+fn stored<I: Isa>(nr: usize, hd: usize) -> bool {
+    I::stored_ok(nr, hd) || (I::STORED_GROUPS && I::stored_ok(4, hd))
+}
+
 /// One pipeline step: scores of the `kt = (first row, keys)` tile of K into
 /// `sc`, `P · V` of the `vt` tile of V with `p` into `acc`; as stored where
 /// the ISA widens in registers, else through the `conv` scratch tiles.
@@ -241,25 +255,39 @@ unsafe fn step<I: Isa>(
     q8: *const u8,
 ) {
     let (hd, nr) = (b.hd, b.nr);
-    if I::stored_ok(nr, hd) {
+    if stored::<I>(nr, hd) {
         let (krb, vrb) = (b.k.dtype.row_bytes(hd), b.v.dtype.row_bytes(hd));
-        let s = Step {
-            qs: b.qs.as_ptr(),
-            nr,
-            k: b.k.bytes[kt.0 * krb..(kt.0 + kt.1) * krb].as_ptr(),
-            kd: b.k.dtype,
-            nk: kt.1,
-            sc: sc.as_mut_ptr(),
-            p: p.as_ptr(),
-            v: b.v.bytes[vt.0 * vrb..(vt.0 + vt.1) * vrb].as_ptr(),
-            vd: b.v.dtype,
-            nkp: vt.1,
-            hd,
-            acc: acc.as_mut_ptr(),
-            q8,
-        };
-        // SAFETY: stored_ok held; the slices above hold the tiles' rows.
-        return unsafe { I::scores_pv_stored(s) };
+        let (k, v) = (
+            b.k.bytes[kt.0 * krb..(kt.0 + kt.1) * krb].as_ptr(),
+            b.v.bytes[vt.0 * vrb..(vt.0 + vt.1) * vrb].as_ptr(),
+        );
+        let group = if I::stored_ok(nr, hd) { nr } else { 4 };
+        let mut r = 0;
+        while r < nr {
+            let g = group.min(nr - r);
+            let s = Step {
+                qs: b.qs[r * hd..].as_ptr(),
+                nr: g,
+                k,
+                kd: b.k.dtype,
+                nk: kt.1,
+                sc: sc[r * KT..].as_mut_ptr(),
+                p: p[r * KT..].as_ptr(),
+                v,
+                vd: b.v.dtype,
+                nkp: vt.1,
+                hd,
+                acc: acc[r * hd..].as_mut_ptr(),
+                // Null unless the block is one group (run_block quantizes decode blocks only).
+                q8,
+            };
+            // SAFETY: stored_ok held for g rows (g <= 4 in groups); the
+            // slices above hold the tiles' rows and rows r..r + g of the
+            // block's buffers; q8 covers the block when non-null.
+            unsafe { I::scores_pv_stored(s) };
+            r += g;
+        }
+        return;
     }
     let (kconv, vconv) = conv.split_at_mut(KT * hd);
     // SAFETY: each conversion buffer holds KT * hd >= keys * hd floats; qs has
