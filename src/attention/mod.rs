@@ -204,11 +204,10 @@ fn choose_exec(
 ///
 /// Native won every shape measured with `benches/attention.rs` (decode by
 /// 6-9x, prefill by about 2.4x; the table is in `docs/attention-backends.md`),
-/// so `auto` picks `native` everywhere. A later quiet run of
-/// `benches/prefill_backends.rs` on an AVX2 machine without AVX-512 had
-/// XNNPACK at 0.57-0.69x native's time for float32 prefill (T = 128 and 512
-/// at an 8K context, 1 and 2 threads): until a crossover over T, context and
-/// thread count is measured, `auto` stays native. Native is
+/// and on an AVX2 machine without AVX-512 `benches/prefill_backends.rs` has
+/// XNNPACK at 1.66-1.73x native's time for float32 prefill (T = 128 and 512
+/// at an 8K context, 1 and 2 threads; `docs/bench/decode-floor.md`), so
+/// `auto` picks `native` everywhere. Native is
 /// also the only backend that serves float16, bfloat16 and q8_0 pools (XNNPACK
 /// refuses them with `Backend`), so `auto` never picks a backend that cannot
 /// serve the spec. XNNPACK would need persistent packed pages (a per-page
