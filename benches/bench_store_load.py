@@ -7,6 +7,9 @@ on loopback. Then, interleaved in one run so they share the machine's noise:
 
 * ``get``: a pipelined ``GET`` of the chunk values through redis-py (with hiredis when it is
   installed): the bytes moved from the server into Python objects, the floor of any load;
+* ``raw``: the same pipelined ``GET``s over a plain socket, each bulk reply read with
+  ``recv_into`` straight into a buffer of its size: the transport without any client library,
+  the lower floor;
 * ``load``: ``PrefixStore.load`` into a fresh cache: the same GETs plus the checks, one checksum
   pass and the rows copied into the pools.
 
@@ -20,10 +23,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import redis as redis_py
 import torch
@@ -41,6 +46,13 @@ def _servers():
     assert spec.loader is not None
     spec.loader.exec_module(mod)
     return mod
+
+
+def pipe_values(client, keys: list[str]) -> list[bytes]:
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.get(k)
+    return pipe.execute()
 
 
 def gemma_like() -> Gemma3TextConfig:
@@ -68,6 +80,36 @@ def filled(config, n: int) -> OffgraphCache:
     return cache
 
 
+class RawGet:
+    """Pipelined ``GET``s in RESP over one plain socket, each value read into its own buffer."""
+
+    def __init__(self, url: str, keys: list[str]) -> None:
+        u = urlparse(url)
+        keys = [k.encode() for k in keys]
+        self.sock = socket.create_connection((u.hostname, u.port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.request = b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys)
+        self.n = len(keys)
+
+    def __call__(self) -> list[memoryview]:
+        self.sock.sendall(self.request)
+        out, rest = [], b""
+        for _ in range(self.n):
+            while b"\r\n" not in rest:
+                rest += self.sock.recv(1 << 16)
+            line, rest = rest.split(b"\r\n", 1)
+            size = int(line[1:])
+            assert line[:1] == b"$" and size >= 0, line
+            view = memoryview(bytearray(size + 2))
+            got = min(len(rest), size + 2)
+            view[:got] = rest[:got]
+            rest = rest[got:]
+            while got < size + 2:
+                got += self.sock.recv_into(view[got:])
+            out.append(view[:size])
+        return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
@@ -88,19 +130,22 @@ def main() -> None:
             raw = redis_py.Redis.from_url(server.url)
 
             def get() -> None:
-                pipe = raw.pipeline(transaction=False)
-                for k in keys:
-                    pipe.get(k)
-                assert all(pipe.execute())
+                assert all(pipe_values(raw, keys))
+
+            raw_get = RawGet(server.url, keys)
+            assert [bytes(v) for v in raw_get()] == pipe_values(raw, keys)
+
+            def raw_mode() -> None:
+                assert all(len(v) for v in raw_get())
 
             def load() -> None:
                 assert store.load(OffgraphCache(config), tokens) == args.tokens
 
-            modes = {"get": get, "load": load}
+            modes = {"get": get, "raw": raw_mode, "load": load}
             times: dict[str, list[float]] = {m: [] for m in modes}
-            get(), load()  # warm-up: connections, first pools
+            get(), raw_mode(), load()  # warm-up: connections, first pools
             for rep in range(args.reps):
-                order = list(modes) if rep % 2 == 0 else list(modes)[::-1]
+                order = list(modes)[rep % 3 :] + list(modes)[: rep % 3]
                 for m in order:
                     t0 = time.perf_counter()
                     modes[m]()
