@@ -56,6 +56,20 @@ pub(super) fn fold_row(
     m[r] = mn;
 }
 
+/// `e^f` for `|f| <= 0.347` (so `2^x = 2^n · e^((x - n) ln 2)`): the Taylor
+/// coefficients through `f^7`, highest first, for Horner's rule. The scalar
+/// [`exp2`] and the ISAs' vector forms all evaluate this one polynomial.
+pub(super) const EXP2_POLY: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// `2^x` for `x <= 0` to ~1e-7 relative; 0 below -126 (and for -inf).
 /// Pure arithmetic on bits so loops over it vectorise.
 #[inline(always)]
@@ -74,12 +88,8 @@ pub(super) fn exp2_in_range(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: round to nearest integer
     let n = (x + MAGIC) - MAGIC;
     let f = (x - n) * std::f32::consts::LN_2; // |f| <= 0.347
-    let p = 1.0
-        + f * (1.0
-            + f * (0.5
-                + f * (1.0 / 6.0
-                    + f * (1.0 / 24.0
-                        + f * (1.0 / 120.0 + f * (1.0 / 720.0 + f * (1.0 / 5040.0)))))));
+    let [first, rest @ ..] = EXP2_POLY;
+    let p = rest.iter().fold(first, |p, &c| p * f + c);
     let bits = ((n as i32 + 127) as u32) << 23;
     p * f32::from_bits(bits)
 }

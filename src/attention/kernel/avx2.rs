@@ -6,6 +6,7 @@
 
 use super::simd::{widen_rows, Simd};
 use super::{run_block, Block, Isa, Portable, State, Step, KT};
+use crate::attention::softmax::EXP2_POLY;
 use crate::dtype::KvDtype;
 use std::arch::x86_64::*;
 
@@ -125,7 +126,7 @@ unsafe fn reduce(x: __m256, op: impl Fn(__m128, __m128) -> __m128) -> f32 {
 }
 
 /// `2^x` lane-wise with `softmax::exp2`'s contract: NaN and x below -126
-/// give 0; the same polynomial, with fused steps.
+/// give 0; [`EXP2_POLY`] with fused steps.
 #[inline(always)]
 unsafe fn exp2_ps(x: __m256) -> __m256 {
     // SAFETY (whole fn): register-only AVX2/FMA ops; the caller runs with both.
@@ -135,16 +136,9 @@ unsafe fn exp2_ps(x: __m256) -> __m256 {
         let x = _mm256_max_ps(x, _mm256_set1_ps(-127.0));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(std::f32::consts::LN_2));
-        let mut p = _mm256_set1_ps(1.0 / 5040.0);
-        for c in [
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
+        let [first, rest @ ..] = EXP2_POLY;
+        let mut p = _mm256_set1_ps(first);
+        for c in rest {
             p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
         }
         let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));

@@ -1,5 +1,6 @@
 use super::simd::{widen_rows, Simd};
 use super::{run_block, Block, Isa, State, Step, KT};
+use crate::attention::softmax::EXP2_POLY;
 use crate::dtype::KvDtype;
 use std::arch::x86_64::*;
 
@@ -96,16 +97,9 @@ unsafe fn exp2_ps(x: __m512) -> __m512 {
         let x = _mm512_max_ps(x, _mm512_set1_ps(-160.0));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(std::f32::consts::LN_2));
-        let mut p = _mm512_set1_ps(1.0 / 5040.0);
-        for c in [
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
+        let [first, rest @ ..] = EXP2_POLY;
+        let mut p = _mm512_set1_ps(first);
+        for c in rest {
             p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
         }
         _mm512_scalef_ps(p, n)
