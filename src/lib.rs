@@ -21,6 +21,7 @@ pub mod runs;
 pub mod sequence;
 pub mod spec;
 pub mod window;
+pub mod workers;
 
 pub use attention::{attend, attend_into, AttendOptions, Backend};
 pub use cell::{CellCache, CellStepPlan, SeqId};

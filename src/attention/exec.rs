@@ -1,13 +1,14 @@
 //! Running a call's tasks: contiguous task ranges over the persistent
-//! workers of `workers.rs` (the caller's thread being one of them), per-thread scratch that
+//! workers of `crate::workers` (the caller's thread being one of them), per-thread scratch that
 //! only grows, and the merge of key-split partial softmax states.
 
 use super::geometry::{Block, Geometry};
 #[cfg(feature = "xnnpack")]
 use super::xnn;
-use super::{kernel, softmax, workers, Exec};
+use super::{kernel, softmax, Exec};
 use crate::dtype::KvRows;
 use crate::error::{CacheError, Result};
+use crate::workers;
 use std::cell::RefCell;
 use std::sync::Mutex;
 

@@ -35,7 +35,7 @@
 //! Threads: the work is cut into tasks of one KV head × one block of ≤ 32 query
 //! rows (× one key range, for long keys when there are fewer row blocks than
 //! threads; those partial softmax states are merged afterwards). Tasks are split
-//! into contiguous ranges over a persistent worker pool (`workers.rs`: started
+//! into contiguous ranges over a persistent worker pool (`crate::workers`: started
 //! once, the caller's thread being one of the workers).
 //!
 //! Allocation: [`attend_into`] writes into the caller's buffer. Per-thread
@@ -53,7 +53,6 @@ mod softmax;
 #[cfg(feature = "xnnpack")]
 mod transpose;
 mod validate;
-mod workers;
 #[cfg(feature = "xnnpack")]
 mod xnn;
 

@@ -1,4 +1,4 @@
-//! A persistent pool of attention worker threads: started the first time a
+//! A persistent pool of worker threads (attention, and the engine's matmuls): started the first time a
 //! call asks for more threads than the pool holds, then reused, so a
 //! multi-thread call pays a wake-up and a join (a condition variable each),
 //! not a thread start.
@@ -102,7 +102,7 @@ impl Drop for Join<'_> {
 /// Runs `f(0)` on the caller's thread and `f(1)`..`f(parts - 1)` on other
 /// threads, returning when all are done; `Err` when a part panicked on
 /// another thread (a panic of `f(0)` unwinds to the caller).
-pub(super) fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<(), ()> {
+pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<(), ()> {
     if parts <= 1 {
         f(0);
         return Ok(());

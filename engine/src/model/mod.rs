@@ -1,0 +1,1 @@
+//! Model families and the forward over a `KvCellCache`.

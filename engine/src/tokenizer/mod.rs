@@ -1,0 +1,1 @@
+//! The tokenizer, built from the GGUF's own metadata (no `tokenizer.json`).
