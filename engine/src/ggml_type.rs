@@ -145,7 +145,11 @@ mod tests {
         }
         assert_eq!(GgmlType::Q4_K.row_bytes(512).ok(), Some(288));
         assert!(GgmlType::Q4_K.row_bytes(100).is_err());
-        assert!(GgmlType::Q8_0.row_bytes(u64::MAX - 31).is_ok());
+        assert!(GgmlType::Q8_0.row_bytes(u64::MAX - 31).is_err());
+        assert_eq!(
+            GgmlType::Q8_0.row_bytes(u64::MAX / 34 / 32 * 32).ok(),
+            Some(u64::MAX / 34 / 32 * 34)
+        );
         assert!(GgmlType::F32.row_bytes(u64::MAX).is_err());
     }
 }
