@@ -376,3 +376,9 @@ fn bad_metadata_is_refused_with_the_key() {
     }
     println!("{n} bad-metadata cases refused with their typed errors");
 }
+
+#[test]
+fn tokenizer_is_send_and_sync() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tokenizer>();
+}
