@@ -145,6 +145,8 @@ unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: u
         let w = row.as_ptr();
         for b in 0..cols / 32 {
             let p = w.add(b * bb);
+            // Ahead into this row or the next: a matvec streams the rows.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * bb).cast());
             let dw = half_at(p);
             // Signed weights as (|q|, sign source); unsigned ones as q.
             let (q, signed) = match K {
@@ -211,7 +213,9 @@ unsafe fn floats<const T: usize, const K: u8>(
         };
         let mut acc = [_mm256_setzero_ps(); T];
         let mut c = 0;
+        let wb = if K == 0 { 4 } else { 2 };
         while c + 8 <= cols {
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add((c + 256) * wb).cast());
             let w = load(c);
             for t in 0..T {
                 let x = _mm256_loadu_ps(a.get_unchecked(t).x.as_ptr().add(c));
