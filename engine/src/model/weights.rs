@@ -69,9 +69,10 @@ impl Weights {
     pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let embed = matrix(file, "token_embd.weight", cfg.vocab, e)?;
-        let output = match file.tensor("output.weight") {
-            Ok(_) => matrix(file, "output.weight", cfg.vocab, e)?,
-            Err(_) => embed.clone(),
+        // Tied output (SmolLM2, Gemma 3): the embedding is the projection.
+        let output = match file.get_tensor("output.weight") {
+            Some(_) => matrix(file, "output.weight", cfg.vocab, e)?,
+            None => embed.clone(),
         };
         let gemma = cfg.arch == Arch::Gemma3;
         let opt_norm = |name: String, n: usize| -> Result<Option<Vec<f32>>> {
