@@ -108,14 +108,14 @@ impl ModelConfig {
                  and context_length at most {MAX_SIZE}, got {sizes:?}"
             )));
         }
-        if n_head % n_head_kv != 0 {
+        if !n_head.is_multiple_of(n_head_kv) {
             return Err(EngineError::Model(format!(
                 "attention.head_count: expected a multiple of head_count_kv {n_head_kv}, got {n_head}"
             )));
         }
         let head_dim = match m.opt(&key("attention.key_length"), Metadata::usize)? {
             Some(d) => d,
-            None if n_embd % n_head == 0 => n_embd / n_head,
+            None if n_embd.is_multiple_of(n_head) => n_embd / n_head,
             None => {
                 return Err(EngineError::Model(format!(
                     "head size: embedding_length {n_embd} is not a multiple of head_count {n_head} \
@@ -130,7 +130,7 @@ impl ModelConfig {
                 )));
             }
         }
-        if head_dim == 0 || head_dim % 2 != 0 || head_dim > MAX_SIZE / n_head {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) || head_dim > MAX_SIZE / n_head {
             return Err(EngineError::Model(format!(
                 "head size: expected a nonzero even number with head_count x head size at most \
                  {MAX_SIZE}, got {head_dim}"

@@ -57,7 +57,7 @@ impl Weights {
     pub fn vocab_of(file: &GgufFile) -> Result<usize> {
         let t = file.tensor("token_embd.weight")?;
         match t.info.dims.get(1) {
-            Some(&v) if t.info.dims.len() == 2 => to_usize(v as u64, "token_embd.weight"),
+            Some(&v) if t.info.dims.len() == 2 => to_usize(v, "token_embd.weight"),
             _ => Err(EngineError::Model(format!(
                 "tensor \"token_embd.weight\": expected 2 dimensions, got {:?}",
                 t.info.dims
@@ -136,8 +136,7 @@ fn check_dims(name: &str, dims: &[u64], want: &[usize]) -> Result<()> {
 /// The matrix `name` of `rows` x `cols`, checked by building its view once.
 fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<MatRef> {
     let t = file.tensor(name)?;
-    let dims: Vec<u64> = t.info.dims.iter().map(|&d| d as u64).collect();
-    check_dims(name, &dims, &[cols, rows])?;
+    check_dims(name, &t.info.dims, &[cols, rows])?;
     let m = MatRef {
         name: name.to_string(),
         ty: t.info.ty,
@@ -152,8 +151,7 @@ fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<MatRe
 /// The vector `name` of `n` values, decoded to f32.
 fn norm(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     let t = file.tensor(name)?;
-    let dims: Vec<u64> = t.info.dims.iter().map(|&d| d as u64).collect();
-    check_dims(name, &dims, &[n])?;
+    check_dims(name, &t.info.dims, &[n])?;
     let v = t.to_f32()?;
     if v.len() != n {
         return Err(EngineError::Model(format!(
