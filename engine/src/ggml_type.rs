@@ -117,7 +117,7 @@ impl GgmlType {
     /// of blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Result<u64> {
         let bl = self.block_len() as u64;
-        if n % bl != 0 {
+        if !n.is_multiple_of(bl) {
             return Err(EngineError::Format(format!(
                 "{} row: expected a multiple of {bl} values, got {n}",
                 self.name()
