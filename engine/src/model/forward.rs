@@ -6,13 +6,14 @@
 //! output projection. Every buffer lives in a [`Scratch`] that only grows.
 
 use super::config::{Arch, ModelConfig};
+use super::exact::matmul_exact;
 use super::ops::{
     from_heads, gated, rms_norm_in_place, rms_norm_into, rope_in_place, rope_table, to_heads,
 };
 use super::weights::{LayerWeights, Weights};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
-use crate::quant::{dequantize_row, matmul, matmul_many};
+use crate::quant::{dequantize_row, matmul, matmul_many, QMatrix};
 use offgraph_kv::{attend_into, AttendOptions, KvCellCache};
 
 /// Buffers of a forward, reused across calls.
@@ -37,6 +38,8 @@ pub struct Scratch {
     cos_l: Vec<f32>,
     sin_l: Vec<f32>,
     last: Vec<f32>,
+    /// A decoded weight row (exact matmuls only).
+    row: Vec<f32>,
 }
 
 /// `v`'s first `n` values, growing it when shorter.
@@ -56,9 +59,44 @@ pub struct Ctx<'a> {
     pub cfg: &'a ModelConfig,
     pub w: &'a Weights,
     pub threads: usize,
+    /// Matmuls on f32 activations ([`matmul_exact`]) instead of the kernels.
+    pub exact: bool,
 }
 
 impl Ctx<'_> {
+    fn mm(
+        &self,
+        w: &QMatrix<'_>,
+        x: &[f32],
+        t: usize,
+        out: &mut [f32],
+        row: &mut Vec<f32>,
+    ) -> Result<()> {
+        if self.exact {
+            matmul_exact(w, x, t, out, row)
+        } else {
+            matmul(w, x, t, out, self.threads)
+        }
+    }
+
+    fn mm_many(
+        &self,
+        ws: &[&QMatrix<'_>],
+        x: &[f32],
+        t: usize,
+        outs: &mut [&mut [f32]],
+        row: &mut Vec<f32>,
+    ) -> Result<()> {
+        if self.exact {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                matmul_exact(w, x, t, out, row)?;
+            }
+            Ok(())
+        } else {
+            matmul_many(ws, x, t, outs, self.threads)
+        }
+    }
+
     /// Runs the open step of `cache` (already validated against the model:
     /// token ids in range, rows in range, the cache's layers the model's)
     /// and returns the logits of `logit_rows`, `[rows, vocab]`.
@@ -92,23 +130,14 @@ impl Ctx<'_> {
     }
 
     fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
-        let emb = &self.w.embed;
-        let data = self.file.tensor(&emb.name)?.data;
-        let rb = usize::try_from(emb.ty.row_bytes(emb.cols as u64)?)
-            .map_err(|_| EngineError::Model("token_embd.weight: row size does not fit".into()))?;
+        let emb = Weights::matrix(self.file, &self.w.embed)?;
+        // Gemma scales embeddings by sqrt(n_embd) (in the activations' f32).
         let scale = match self.cfg.arch {
             Arch::Gemma3 => (emb.cols as f32).sqrt(),
             Arch::Llama => 1.0,
         };
         for (&tok, row) in tokens.iter().zip(x.chunks_exact_mut(emb.cols)) {
-            let at = tok as usize * rb;
-            let src = data.get(at..at + rb).ok_or_else(|| {
-                EngineError::InvalidArgument(format!(
-                    "token id {tok}: expected below the vocabulary size {}",
-                    emb.rows
-                ))
-            })?;
-            dequantize_row(emb.ty, src, row)?;
+            dequantize_row(emb.ty, emb.row(tok as usize)?, row)?;
             if scale != 1.0 {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
@@ -137,13 +166,8 @@ impl Ctx<'_> {
         let q = sized(&mut s.q, t * qd);
         let k = sized(&mut s.k, t * kd);
         let v = sized(&mut s.v, t * kd);
-        matmul_many(
-            &[&wq, &wk, &wv],
-            h,
-            t,
-            &mut [&mut *q, &mut *k, &mut *v],
-            self.threads,
-        )?;
+        let qkv: &mut [&mut [f32]] = &mut [&mut *q, &mut *k, &mut *v];
+        self.mm_many(&[&wq, &wk, &wv], h, t, qkv, &mut s.row)?;
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             rms_norm_in_place(q, qn, cfg.eps);
             rms_norm_in_place(k, kn, cfg.eps);
@@ -176,13 +200,8 @@ impl Ctx<'_> {
         let att_tok = sized(&mut s.att_tok, t * qd);
         from_heads(att, t, cfg.n_head, d, att_tok);
         let proj = sized(&mut s.proj, t * e);
-        matmul(
-            &Weights::matrix(self.file, &lw.wo)?,
-            att_tok,
-            t,
-            proj,
-            self.threads,
-        )?;
+        let wo = Weights::matrix(self.file, &lw.wo)?;
+        self.mm(&wo, att_tok, t, proj, &mut s.row)?;
         if let Some(w) = &lw.post_attn_norm {
             rms_norm_in_place(proj, w, cfg.eps);
         }
@@ -201,16 +220,11 @@ impl Ctx<'_> {
         );
         let gate = sized(&mut s.gate, t * ff);
         let up = sized(&mut s.up, t * ff);
-        matmul_many(&[&wg, &wu], h, t, &mut [&mut *gate, &mut *up], self.threads)?;
+        self.mm_many(&[&wg, &wu], h, t, &mut [&mut *gate, &mut *up], &mut s.row)?;
         gated(gate, up, cfg.arch == Arch::Gemma3);
         let proj = sized(&mut s.proj, t * e);
-        matmul(
-            &Weights::matrix(self.file, &lw.down)?,
-            gate,
-            t,
-            proj,
-            self.threads,
-        )?;
+        let down = Weights::matrix(self.file, &lw.down)?;
+        self.mm(&down, gate, t, proj, &mut s.row)?;
         if let Some(w) = &lw.post_ffn_norm {
             rms_norm_in_place(proj, w, cfg.eps);
         }
@@ -233,7 +247,7 @@ impl Ctx<'_> {
         let mut out = vec![0.0f32; rows.len() * cfg.vocab];
         if !rows.is_empty() {
             let w = Weights::matrix(self.file, &self.w.output)?;
-            matmul(&w, last, rows.len(), &mut out, self.threads)?;
+            self.mm(&w, last, rows.len(), &mut out, &mut s.row)?;
         }
         Ok(out)
     }

@@ -13,6 +13,7 @@
 //! post-feed-forward norms); the forward is one code path.
 
 mod config;
+mod exact;
 mod forward;
 mod ops;
 mod weights;
@@ -36,6 +37,7 @@ pub struct Model {
     weights: Weights,
     tokenizer: Tokenizer,
     threads: usize,
+    exact: bool,
     /// One forward at a time uses the buffers; they only grow.
     scratch: Mutex<Scratch>,
 }
@@ -58,6 +60,7 @@ impl Model {
             weights,
             tokenizer,
             threads,
+            exact: false,
             scratch: Mutex::new(Scratch::default()),
         })
     }
@@ -77,6 +80,14 @@ impl Model {
 
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Reference mode: every matmul decodes the weight rows to f32 and
+    /// multiplies f32 activations (single-threaded, many times slower)
+    /// instead of the kernels' quantized activations. Tests use it to tell
+    /// the forward's own error from the dot kernels' rounding.
+    pub fn set_exact_matmul(&mut self, exact: bool) {
+        self.exact = exact;
     }
 
     /// The cache layout the model needs: Gemma 3's sliding layers are
@@ -207,6 +218,7 @@ impl Model {
             cfg: &self.cfg,
             w: &self.weights,
             threads: self.threads,
+            exact: self.exact,
         };
         // A panic elsewhere cannot leave the buffers inconsistent: they are
         // rewritten before every read.
