@@ -80,6 +80,19 @@ fn valid_file_round_trips_metadata_and_tensor_data() {
     assert_eq!((q41.info.n_elements(), q41.info.rows()), (96, 3));
     assert_eq!(q41.info.ty, GgmlType::Q4_1);
     assert!(q41.expect_shape(&[32, 1, 1, 3]).is_ok());
+    assert_eq!(q41.row_bytes(), 20);
+    let q41_data = &b.tensors[4].data;
+    for i in 0..3 {
+        assert_eq!(
+            q41.row(i).ok(),
+            q41_data.get(i as usize * 20..(i as usize + 1) * 20)
+        );
+    }
+    assert!(matches!(q41.row(3), Err(EngineError::InvalidArgument(m)) if m.contains("row 3 of 3")));
+    assert!(matches!(
+        q41.row(u64::MAX),
+        Err(EngineError::InvalidArgument(_))
+    ));
     let shape = q41.expect_shape(&[32, 3]);
     assert!(
         matches!(&shape, Err(EngineError::Model(m)) if m.contains("q41.weight")),

@@ -40,6 +40,14 @@ fn gemma3_opens_with_its_tensor_table() {
     assert!(v.iter().all(|x| x.is_finite()));
     assert!(v.iter().any(|&x| x != 0.0));
     check_all_tensors_inside(&f);
+    // Offsets as the gguf Python package's reader reports them.
+    assert_eq!(f.header().data_offset, 6_525_120);
+    assert_eq!((norm.info.offset, norm.info.nbytes), (6_525_120, 2560));
+    assert_eq!((emb.info.offset, emb.info.nbytes), (6_527_680, 178_257_920));
+    let ffn = f.tensor("blk.0.ffn_down.weight").expect("ffn_down");
+    assert_eq!(ffn.info.ty, GgmlType::Q6_K);
+    assert_eq!(ffn.info.dims, [2048, 640]);
+    assert_eq!((ffn.info.offset, ffn.info.nbytes), (185_896_128, 1_075_200));
     let tokens = f.metadata().array("tokenizer.ggml.tokens").expect("tokens");
     assert_eq!(tokens.len(), 262144);
     println!(
@@ -62,6 +70,12 @@ fn smollm2_opens_with_its_tensor_table() {
     assert_eq!(down.info.rows(), 576);
     assert!(down.expect_shape(&[576, 1536]).is_err());
     check_all_tensors_inside(&f);
+    // Offsets as the gguf Python package's reader reports them.
+    assert_eq!(f.header().data_offset, 1_785_664);
+    assert_eq!((down.info.offset, down.info.nbytes), (31_868_992, 552_960));
+    let norm = f.tensor("output_norm.weight").expect("output_norm");
+    assert_eq!((norm.info.offset, norm.info.nbytes), (98_360_128, 2304));
+    assert_eq!(norm.info.offset + norm.info.nbytes, f.file_len());
     println!(
         "smollm2: {} tensors, {} metadata keys, version {}",
         f.tensors().len(),

@@ -175,9 +175,27 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
-impl Tensor<'_> {
+impl<'a> Tensor<'a> {
     pub fn name(&self) -> &str {
         &self.info.name
+    }
+
+    /// Bytes of one row (`dims[0]` values in the tensor's type).
+    pub fn row_bytes(&self) -> u64 {
+        self.info.nbytes / self.info.rows().max(1)
+    }
+
+    /// Row `i`'s bytes; `InvalidArgument` past the last row.
+    pub fn row(&self, i: u64) -> Result<&'a [u8]> {
+        let rb = self.row_bytes();
+        let rows = self.info.rows();
+        let range = (i < rows)
+            .then(|| i.checked_mul(rb))
+            .flatten()
+            .and_then(|s| Some(usize::try_from(s).ok()?..usize::try_from(s + rb).ok()?));
+        range.and_then(|r| self.data.get(r)).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("tensor {:?}: row {i} of {rows}", self.info.name))
+        })
     }
 
     /// `Model` naming the tensor when its dimensions are not `dims`.
@@ -224,6 +242,13 @@ impl Tensor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_and_tensors_can_be_shared_across_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<GgufFile>();
+        shared::<Tensor<'static>>();
+    }
 
     #[test]
     fn f16_conversion_matches_known_values() {
