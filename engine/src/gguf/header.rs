@@ -248,20 +248,8 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header> {
     }
     let version = read_version(&mut r)?;
     let tensor_count = r.u64(&|| "tensor count".to_owned())?;
-    let kv_at = r.pos();
-    let kv_count = r.u64(&|| "metadata count".to_owned())?;
-    let kv_fits = kv_count
-        .checked_mul(MIN_KV_BYTES)
-        .is_some_and(|need| need <= r.remaining() as u64);
-    let kv_count = usize::try_from(kv_count)
-        .ok()
-        .filter(|_| kv_fits)
-        .ok_or_else(|| {
-            format_err(format!(
-                "metadata count at offset {kv_at}: {kv_count} entries cannot fit in the {} bytes left",
-                r.remaining()
-            ))
-        })?;
+    // Each entry takes at least MIN_KV_BYTES, so a hostile count fails here.
+    let kv_count = r.count(MIN_KV_BYTES, &|| "metadata count".to_owned())?;
     let metadata = read_metadata(&mut r, kv_count)?;
     let alignment = alignment_of(&metadata)?;
     let tc_fits = tensor_count
