@@ -388,3 +388,40 @@ fn refused_arguments_leave_out_untouched() {
     matmul(&w, &x, 0, &mut out, 2).unwrap();
     assert!(out.iter().all(|v| *v == 7.0));
 }
+
+#[test]
+fn real_model_rows_match_the_gguf_decoding_times_x() {
+    // The fixtures' rows of both models, with the gguf package's own decoded
+    // values as the reference weights (independent of dequantize_row).
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant");
+    let mut n_files = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let b = std::fs::read(e.unwrap().path()).unwrap();
+        let u = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap()) as usize;
+        let ty = GgmlType::from_id(u(8) as u32).unwrap();
+        let (rows, cols) = (u(12), u(16));
+        let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+        let raw = &b[20..20 + rows * rb];
+        let wd: Vec<f32> = b[20 + rows * rb..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let w = QMatrix::new(ty, rows, cols, raw).unwrap();
+        let x = input(3, cols, 42);
+        let (yref, bound) = reference(ty, &wd, rows, cols, &x, 3);
+        for isa in isas() {
+            let mut out = vec![0f32; 3 * rows];
+            matmul_with_isa(isa, &w, &x, 3, &mut out, 2).unwrap();
+            for k in 0..out.len() {
+                assert!(
+                    (out[k] as f64 - yref[k]).abs() <= bound[k],
+                    "{ty:?} {isa:?} [{k}]: {} vs {}",
+                    out[k],
+                    yref[k]
+                );
+            }
+        }
+        n_files += 1;
+    }
+    assert!(n_files >= 18, "{n_files} fixtures");
+}

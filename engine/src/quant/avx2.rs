@@ -13,7 +13,6 @@
 
 use super::act::Act;
 use super::driver::Kernel;
-use super::f16::half;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -81,6 +80,16 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
     }
 }
 
+/// The f16 at `p` (unaligned) as f32, by F16C.
+#[inline(always)]
+pub(super) unsafe fn half_at(p: *const u8) -> f32 {
+    // SAFETY: the caller's 2 bytes at `p`; F16C per the module docs.
+    unsafe {
+        let h = p.cast::<u16>().read_unaligned().to_le();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
 /// Σ u·s over 32 byte pairs as eight int32 (`u` unsigned, `s` signed).
 #[inline(always)]
 pub(super) unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
@@ -136,7 +145,9 @@ unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: u
         let w = row.as_ptr();
         for b in 0..cols / 32 {
             let p = w.add(b * bb);
-            let dw = half([*p, *p.add(1)]);
+            // Ahead into this row or the next: a matvec streams the rows.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * bb).cast());
+            let dw = half_at(p);
             // Signed weights as (|q|, sign source); unsigned ones as q.
             let (q, signed) = match K {
                 0 => (
@@ -160,7 +171,7 @@ unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: u
             };
             let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
             let m = if K == 1 || K == 3 {
-                half([*p.add(2), *p.add(3)])
+                half_at(p.add(2))
             } else {
                 0.0
             };
@@ -202,7 +213,9 @@ unsafe fn floats<const T: usize, const K: u8>(
         };
         let mut acc = [_mm256_setzero_ps(); T];
         let mut c = 0;
+        let wb = if K == 0 { 4 } else { 2 };
         while c + 8 <= cols {
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add((c + 256) * wb).cast());
             let w = load(c);
             for t in 0..T {
                 let x = _mm256_loadu_ps(a.get_unchecked(t).x.as_ptr().add(c));

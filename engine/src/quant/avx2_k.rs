@@ -8,9 +8,8 @@
 //! −32 offset subtracted as 32 · Σ scale · sum.
 
 use super::act::Act;
-use super::avx2::{dot_us, hsum};
+use super::avx2::{dot_us, half_at, hsum};
 use super::dequant::scale_min_k4;
-use super::f16::half;
 use std::arch::x86_64::*;
 
 /// Q4_K (`FIVE` false) and Q5_K super-blocks.
@@ -29,7 +28,9 @@ pub(super) unsafe fn q45k<const T: usize, const FIVE: bool>(
         let low = _mm256_set1_epi8(0x0f);
         for b in 0..cols / 256 {
             let p = row.as_ptr().add(b * bb);
-            let (d, dmin) = (half([*p, *p.add(1)]), half([*p.add(2), *p.add(3)]));
+            // Ahead by a few super-blocks (see `avx2::q32`).
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * bb).cast());
+            let (d, dmin) = (half_at(p), half_at(p.add(2)));
             let sb: [u8; 12] = p.add(4).cast::<[u8; 12]>().read_unaligned();
             let (sc, mn) = scale_min_k4(&sb);
             let qs = p.add(if FIVE { 48 } else { 16 });
@@ -95,7 +96,9 @@ pub(super) unsafe fn q6k<const T: usize>(row: &[u8], a: &[Act<'_>; T], cols: usi
         let three = _mm256_set1_epi8(3);
         for b in 0..cols / 256 {
             let p = row.as_ptr().add(b * 210);
-            let d = half([*p.add(208), *p.add(209)]);
+            // Ahead by a few super-blocks (see `avx2::q32`).
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * 210).cast());
+            let d = half_at(p.add(208));
             let sc: [i8; 16] = p.add(192).cast::<[i8; 16]>().read_unaligned();
             let mut iacc = [_mm256_setzero_si256(); T];
             for h in 0..2 {
@@ -159,6 +162,8 @@ pub(super) unsafe fn q8k<const T: usize>(row: &[u8], a: &[Act<'_>; T], cols: usi
         let mut acc = [_mm256_setzero_ps(); T];
         for b in 0..cols / 256 {
             let p = row.as_ptr().add(b * 292);
+            // Ahead by a few super-blocks (see `avx2::q32`).
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * 292).cast());
             let d = p.cast::<f32>().read_unaligned();
             let mut iacc = [_mm256_setzero_si256(); T];
             for c in 0..8 {

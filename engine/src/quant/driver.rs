@@ -19,6 +19,8 @@ const GROUP: usize = 8;
 pub(super) const TOK: usize = 4;
 /// Activation bytes a token tile may take (L2 is 2 MiB a core here).
 const TILE_BYTES: usize = 512 * 1024;
+/// Weight bytes of a row block (half of L1d).
+const ROW_BLOCK_BYTES: usize = 24 * 1024;
 /// Weight bytes x tokens below which another part costs more than it saves.
 const PART_WORK: u64 = 32 * 1024;
 
@@ -241,42 +243,62 @@ fn compute<K: Kernel>(job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r
         ActKind::Q8K => w.cols + w.cols / 8 + w.cols / 64,
     };
     let tile = (TILE_BYTES / per_token.max(1)).max(TOK) / TOK * TOK;
+    // Rows of a block stay in L1 while each token chunk passes them.
+    let rblock = (ROW_BLOCK_BYTES / rb.max(1)).max(1);
     let mut ok = true;
     let mut t0 = 0;
     while t0 < n {
         let t1 = n.min(t0.saturating_add(tile));
-        for r in r0..r1 {
-            let Some(row) = r.checked_mul(rb).and_then(|lo| w.data.get(lo..lo + rb)) else {
-                return false;
-            };
+        let mut b0 = r0;
+        while b0 < r1 {
+            let b1 = r1.min(b0.saturating_add(rblock));
             let mut t = t0;
-            while t + TOK <= t1 {
-                let views: [Option<Act>; TOK] = core::array::from_fn(|i| buf.token(x, t + i));
-                let Some(views) = all(views) else {
-                    return false;
-                };
-                match K::dots::<TOK>(w.ty, row, &views) {
-                    Some(v) => {
-                        for (i, v) in v.into_iter().enumerate() {
-                            ok &= job.out.put((t + i) * w.rows + r, v);
-                        }
-                    }
-                    None => return false,
-                }
-                t += TOK;
-            }
             while t < t1 {
-                let Some(view) = buf.token(x, t) else {
-                    return false;
-                };
-                match K::dots::<1>(w.ty, row, &[view]) {
-                    Some([v]) => ok &= job.out.put(t * w.rows + r, v),
-                    None => return false,
+                if t + TOK <= t1 {
+                    let views: [Option<Act>; TOK] = core::array::from_fn(|i| buf.token(x, t + i));
+                    let Some(views) = all(views) else {
+                        return false;
+                    };
+                    ok &= rows_chunk::<K, TOK>(job, &views, t, b0, b1);
+                    t += TOK;
+                } else {
+                    let Some(view) = buf.token(x, t) else {
+                        return false;
+                    };
+                    ok &= rows_chunk::<K, 1>(job, &[view], t, b0, b1);
+                    t += 1;
                 }
-                t += 1;
             }
+            b0 = b1;
         }
         t0 = t1;
+    }
+    ok
+}
+
+/// Rows `b0..b1` against the `T` tokens from `t`.
+#[inline(always)]
+fn rows_chunk<K: Kernel, const T: usize>(
+    job: &Job,
+    views: &[Act<'_>; T],
+    t: usize,
+    b0: usize,
+    b1: usize,
+) -> bool {
+    let (w, rb) = (&job.w, job.row_bytes);
+    let mut ok = true;
+    for r in b0..b1 {
+        let Some(row) = r.checked_mul(rb).and_then(|lo| w.data.get(lo..lo + rb)) else {
+            return false;
+        };
+        match K::dots::<T>(w.ty, row, views) {
+            Some(v) => {
+                for (i, v) in v.into_iter().enumerate() {
+                    ok &= job.out.put((t + i) * w.rows + r, v);
+                }
+            }
+            None => return false,
+        }
     }
     ok
 }

@@ -10,6 +10,12 @@
 //!   rows over the core's worker pool.
 //! - [`dequantize_row`]: one row widened to f32 (embedding lookups).
 //!
+//! Accuracy: the integer dots are exact for the quantized activations, so a
+//! result differs from the f64 product of the dequantized weights and `x`
+//! by at most `Σ_c |W[r,c]| · d(c) / 2` (`d = max|x| / 127` of the value's
+//! activation block, 32 values or 256 for the K types) plus f32 summation
+//! rounding; float weights (F32, F16, BF16) only have the rounding.
+//!
 //! The dots run on AVX2 when the CPU has it (detected once, `isa`), else the
 //! portable integer code; `*_with_isa` forces either (tests, benches).
 
