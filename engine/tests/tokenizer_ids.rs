@@ -60,7 +60,12 @@ fn first_diff(a: &[u32], b: &[u32]) -> String {
 
 fn check_model(name: &str, gguf: PathBuf) {
     let fx = fixture(name);
+    let t0 = Instant::now();
     let tok = tokenizer(&gguf);
+    println!(
+        "{name}: file opened and tokenizer built in {:.0} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     let cases = fx["cases"].as_array().expect("cases");
     let mut fails: Vec<String> = Vec::new();
     let (mut checks, mut ok) = (0usize, 0usize);

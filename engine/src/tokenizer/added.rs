@@ -2,11 +2,13 @@
 //! are cut out of the text before the model sees it: scanning left to right,
 //! the longest added token starting at the leftmost position wins.
 
+/// One trie node: children sorted by byte, and the token ending here.
+type Node = (Vec<(u8, u32)>, Option<u32>);
+
 /// A byte trie over the added tokens' texts.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AddedTokens {
-    /// Per node: children sorted by byte, and the token ending here.
-    nodes: Vec<(Vec<(u8, u32)>, Option<u32>)>,
+    nodes: Vec<Node>,
     /// Whether any added token starts with this byte (skips the trie walk).
     first: Vec<bool>,
     count: usize,

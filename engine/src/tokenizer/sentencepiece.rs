@@ -7,7 +7,6 @@
 //! part, the order the reference tokenizer derives from the same vocabulary.
 
 use super::bpe::merge_word;
-use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// The meta space that stands for ' ' inside tokens.
@@ -43,8 +42,6 @@ pub(crate) struct SentencePiece {
     /// The `<0xXX>` token of each byte, when the vocabulary has it.
     byte_ids: [Option<u32>; 256],
     unk: Option<u32>,
-    /// Reused to build a pair's concatenation without allocating per look-up.
-    scratch: RefCell<String>,
 }
 
 impl SentencePiece {
@@ -53,11 +50,7 @@ impl SentencePiece {
         for (b, slot) in byte_ids.iter_mut().enumerate() {
             *slot = vocab.get(format!("<0x{b:02X}>").as_str()).copied();
         }
-        SentencePiece {
-            byte_ids,
-            unk,
-            scratch: RefCell::new(String::new()),
-        }
+        SentencePiece { byte_ids, unk }
     }
 
     /// Appends the ids of `text` (no added tokens in it) to `out`.
@@ -96,7 +89,8 @@ impl SentencePiece {
                 _ => {}
             }
         }
-        let mut scratch = self.scratch.borrow_mut();
+        // One buffer per call builds each pair's concatenation without allocating per look-up.
+        let mut scratch = String::new();
         let mut merge = |a: u32, b: u32| {
             let (pa, pb) = (pieces.get(a as usize)?, pieces.get(b as usize)?);
             scratch.clear();
