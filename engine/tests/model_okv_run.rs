@@ -74,6 +74,33 @@ fn okv_run_prints_the_greedy_text_and_both_rates() {
 }
 
 #[test]
+fn okv_run_chat_with_a_q8_0_cache_stops_at_the_turn_end() {
+    let out = Command::new(env!("CARGO_BIN_EXE_okv-run"))
+        .arg(common::smollm2_gguf())
+        .args(["-p", "What is the capital of France?", "-n", "48", "--chat"])
+        .args(["--kv-dtype", "q8_0", "--temp", "0.5", "--seed", "3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    println!("okv-run --chat: {text:?}\n{stderr}");
+    // The chat markers are special tokens: never printed.
+    assert!(
+        !text.contains("<|im_start|>") && !text.contains("<|im_end|>"),
+        "{text}"
+    );
+    let decoded: usize = stderr
+        .split("decode: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    // It stopped at <|im_end|> before the 48-token budget.
+    assert!(decoded < 47, "{stderr}");
+}
+
+#[test]
 fn okv_run_refuses_bad_arguments_with_exit_2() {
     let path = common::smollm2_gguf();
     let p = path.to_str().unwrap();
