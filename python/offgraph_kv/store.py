@@ -63,6 +63,7 @@ from .store_format import (
     HEAD_BYTES,
     KIND_SEQ,
     check_snapshot,
+    claims_complete,
     decode_value,
     encode_value,
     head_complete,
@@ -314,6 +315,9 @@ class PrefixStore:
             if isinstance(ok, str):
                 return f"layer cache {i}: {ok}"
             complete = complete and ok
+        if claims_complete(value) and not complete:
+            # A save reads only the flags: a lie there would never be replaced.
+            return "its flags claim complete, its snapshots are not"
         return snaps, complete
 
     def load(self, cache: Any, token_ids: Sequence[int]) -> int:

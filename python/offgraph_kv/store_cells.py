@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _native as _okv
-from ._errors import CacheError
+from ._errors import CacheError, SnapshotError
 from .store_format import KIND_CELL, encode_value, layout_of
 
 __all__ = ["cell_layout", "load_seq", "save_seq"]
@@ -99,12 +99,12 @@ def load_seq(
             continue
         try:
             return kc.load_seq(checked[0][0]), end
-        except CacheError as e:
-            if store._damaged([checked]) is None:  # fine data this cache cannot take: no room
-                store._warn(f"load_seq of chunk {k} refused ({type(e).__name__}: {e}): a miss")
-                return None, 0
+        except SnapshotError as e:  # the core refuses the contents: damage
             store._warn(f"chunk {k} is damaged ({e}): deleted, a miss")
             store._drop([keys[k]])
+        except CacheError as e:  # no room (CapacityError) or no sequence id: a miss, kept
+            store._warn(f"load_seq of chunk {k} refused ({type(e).__name__}: {e}): a miss")
+            return None, 0
     return None, 0
 
 
