@@ -11,10 +11,10 @@ import zlib
 import offgraph_kv as okv
 import pytest
 from offgraph_kv.store import MemoryBackend, PrefixStore, StoreWarning
-from offgraph_kv.store_format import KIND_CELL, KIND_SEQ, decode_value, encode_value, tokens_bytes
+from offgraph_kv.store.format import KIND_CELL, KIND_SEQ, decode_value, encode_value, tokens_bytes
 
 from .test_store_cells import cell_cache, fill, tokens
-from .test_store_prefix import H, D, prompt, rows
+from .test_store_prefix import D, H, prompt, rows
 
 HEADER, PRINT = 16, 27
 ROW = D * 4  # float32 rows of one head

@@ -148,3 +148,32 @@ def check_snapshot(snap: memoryview, layout: bytes, kind: int, start: int, end: 
             return f"layer {i} carries positions from {f}, below the {need} its window needs"
         complete = complete and f == need
     return complete
+
+
+def check_value(
+    value: object,
+    kind: int,
+    start: int,
+    end: int,
+    tokens: Sequence[int],
+    layouts: Sequence[bytes],
+) -> tuple[list[memoryview], bool] | str:
+    """A backend's ``value`` for the chunk ``[start, end)`` holding ``tokens``, for caches of
+    ``layouts`` (one per layer cache): ``(snapshots, complete)``, or why it is not that chunk's
+    (anything else than bytes, a header, range, token, layout or range mismatch, a flags byte
+    claiming complete over incomplete snapshots). The rows' checksums are the core's to check."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        return f"the backend returned {type(value).__name__}, not bytes"
+    snaps = decode_value(value, kind, start, end, tokens_bytes(tokens), len(layouts))
+    if isinstance(snaps, str):
+        return snaps
+    complete = True
+    for i, (snap, lay) in enumerate(zip(snaps, layouts)):
+        ok = check_snapshot(snap, lay, kind, start, end)
+        if isinstance(ok, str):
+            return f"layer cache {i}: {ok}"
+        complete = complete and ok
+    if claims_complete(value) and not complete:
+        # A save reads only the flags: a lie there would never be replaced.
+        return "its flags claim complete, its snapshots are not"
+    return snaps, complete
