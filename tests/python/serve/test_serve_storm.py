@@ -101,7 +101,7 @@ async def one_round(url: str, r: int) -> dict:
         res = await oa.completions.create(
             model=MODEL,
             prompt=f"Round {r}, list {i}: apples, pears,",
-            max_tokens=12,
+            max_tokens=8,
             stop=[","],
             temperature=0,
         )
@@ -161,11 +161,15 @@ def idle_figures(server) -> tuple[int, int]:
 
 
 def test_storm_rounds_settle(start_server):
+    t0 = time.monotonic()
     server = start_server(MODEL, *ARGS)
+    print(f"server up in {time.monotonic() - t0:.1f} s")
     want = None
     figures = []
     for r in range(WARMUP + ROUNDS):
+        t1 = time.monotonic()
         got = asyncio.run(one_round(server.url, r))
+        print(f"round {r}: {time.monotonic() - t1:.1f} s")
         if want is None:
             want = got
             assert got[("slow", 0)] == got[("greedy", 0)]
