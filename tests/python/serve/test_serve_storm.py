@@ -75,7 +75,7 @@ async def one_round(url: str, r: int) -> dict:
 
     async def leave(i: int):
         # A prompt new in every round: the prefix cache keeps it, the pools commit its cells.
-        req = body(f"Round {r}, customer {i}: tell me a long story about", 32, stream=True)
+        req = body(f"Round {r}, customer {i}: tell me a long story about", 8, stream=True)
         async with http.stream("POST", "/v1/completions", json=req) as resp:
             assert resp.status_code == 200
             async for line in resp.aiter_lines():
@@ -101,7 +101,7 @@ async def one_round(url: str, r: int) -> dict:
         res = await oa.completions.create(
             model=MODEL,
             prompt=f"Round {r}, list {i}: apples, pears,",
-            max_tokens=8,
+            max_tokens=6,
             stop=[","],
             temperature=0,
         )
