@@ -108,6 +108,7 @@ build threads bindings/c/tests/threads.c
 build step_and_ids bindings/c/tests/step_and_ids.c
 build wrapper bindings/c/tests/wrapper.cpp
 build pool_memory bindings/c/tests/pool_memory.c
+build fork bindings/c/tests/fork.c
 build runner-c examples/c/runner.c
 build runner-cpp examples/cpp/runner.cpp
 # The allocation counter wraps the C allocator at link time: static library only.
@@ -128,6 +129,11 @@ for prog in readme bad_input dtypes statuses threads step_and_ids wrapper pool_m
     run "$prog under valgrind (0 errors)" "${VG[@]}" "$OUT/$prog"
     run "$prog with AddressSanitizer" "$OUT/$prog-asan"
 done
+# fork after a threaded attend. No leak check under valgrind: a forked child holds
+# the memory of its parent's worker threads with no thread left to free it.
+run "fork" "$OUT/fork"
+run "fork under valgrind (0 errors)" valgrind -q --fair-sched=yes --error-exitcode=99 --leak-check=no "$OUT/fork"
+run "fork with AddressSanitizer" "$OUT/fork-asan"
 # The copy-growth fallback, forced: the same checks where they hold.
 run "pool_memory, pools grown by copying" "$OUT/pool_memory" grow
 run "pool_memory grow under valgrind (0 errors)" "${VG[@]}" "$OUT/pool_memory" grow

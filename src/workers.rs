@@ -5,9 +5,20 @@
 //!
 //! One call at a time owns the pool; a call that finds it busy (another
 //! thread attending concurrently) runs on scoped threads instead, as before.
+//!
+//! **Fork.** A forked child inherits the pool's memory but none of its
+//! threads, and its locks may be held by threads that exist only in the
+//! parent: the child must not wait on anything of the old pool. Each pool
+//! records the process that started it (its id, and the count of forks a
+//! `pthread_atfork` child handler has seen); a process whose figures differ
+//! starts a fresh pool on first use and never touches the old one (left
+//! allocated: its locks cannot be trusted to be free, so neither can its
+//! drop). Both figures, since neither alone is enough: a process id can be
+//! reused by a later descendant, and a raw `clone` runs no fork handler.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 
 /// The job of one call, its lifetime erased (see [`Pool::run`]).
 #[derive(Clone, Copy)]
@@ -36,7 +47,18 @@ struct Shared {
 struct Pool {
     shared: Arc<Shared>,
     owner: Mutex<usize>,
+    /// The process that started this pool: its id and [`FORKS`] then.
+    pid: u32,
+    forks: u64,
 }
+
+/// Forks this process's line has gone through (bumped in each child by the
+/// `pthread_atfork` handler): a pool started before a fork is stale after it.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// The current process's pool; null until the first multi-thread call.
+/// Pools are never freed, so a pointer read from here stays valid.
+static CURRENT: AtomicPtr<Pool> = AtomicPtr::new(std::ptr::null_mut());
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a panic elsewhere; the slot stays consistent
@@ -44,12 +66,58 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+#[cfg(unix)]
+extern "C" fn forked_child() {
+    // Async-signal-safe: one atomic add.
+    FORKS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Registers the fork handler once per process (inherited by children).
+/// A flag rather than a `Once`: a child must never wait on an
+/// initialisation a vanished parent thread was in the middle of.
+fn watch_forks() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if REGISTERED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    #[cfg(unix)]
+    // SAFETY: the handler is a plain function that only bumps an atomic. A
+    // failure (ENOMEM) leaves the process-id check alone to notice a fork.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(forked_child));
+    }
+}
+
+/// This process's pool: the one it started, or a fresh one when there is none
+/// yet or the current one was started before a fork (see the module docs).
 fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| Pool {
-        shared: Arc::new(Shared::default()),
-        owner: Mutex::new(0),
-    })
+    let pid = std::process::id();
+    loop {
+        let forks = FORKS.load(Ordering::SeqCst);
+        let cur = CURRENT.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer in CURRENT came from Box::into_raw below
+        // and is never freed.
+        if let Some(p) = unsafe { cur.as_ref() } {
+            if p.pid == pid && p.forks == forks {
+                return p;
+            }
+        }
+        watch_forks();
+        let fresh = Box::into_raw(Box::new(Pool {
+            shared: Arc::new(Shared::default()),
+            owner: Mutex::new(0),
+            pid,
+            forks: FORKS.load(Ordering::SeqCst),
+        }));
+        match CURRENT.compare_exchange(cur, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just installed; never freed.
+            Ok(_) => return unsafe { &*fresh },
+            // Another thread installed one first: drop ours (never shared)
+            // and check theirs.
+            // SAFETY: `fresh` came from Box::into_raw and was not published.
+            Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+        }
+    }
 }
 
 fn worker(shared: Arc<Shared>, idx: usize, mut seen: u64) {
@@ -102,6 +170,8 @@ impl Drop for Join<'_> {
 /// Runs `f(0)` on the caller's thread and `f(1)`..`f(parts - 1)` on other
 /// threads, returning when all are done; `Err` when a part panicked on
 /// another thread (a panic of `f(0)` unwinds to the caller).
+// The one failure is "a part panicked": callers map `()` to an error of their own.
+#[allow(clippy::result_unit_err)]
 pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<(), ()> {
     if parts <= 1 {
         f(0);

@@ -109,6 +109,17 @@ impl Buffer {
         self.len == 0
     }
 
+    /// Bytes of this buffer the OS holds: for a reservation its resident
+    /// pages (`mincore`; a page only ever read maps the shared zero page and
+    /// counts too; where it cannot be asked, the whole length); for heap
+    /// memory its length (held whether or not touched).
+    pub fn committed_bytes(&self) -> usize {
+        match &self.map {
+            Some(map) => resident(map).unwrap_or(self.len),
+            None => self.len,
+        }
+    }
+
     /// Whether this is a reservation (pages committed on first write).
     pub fn is_reserved(&self) -> bool {
         self.map.is_some()
@@ -181,6 +192,33 @@ fn populate(map: &memmap2::MmapMut, at: usize) {
 
 #[cfg(not(target_os = "linux"))]
 fn populate(_: &memmap2::MmapMut, _: usize) {}
+
+/// Bytes of `map` on resident pages (the last page capped at the length);
+/// `None` when the OS does not say.
+#[cfg(target_os = "linux")]
+fn resident(map: &memmap2::MmapMut) -> Option<usize> {
+    let page = page_size();
+    let mut vec = vec![0u8; map.len().div_ceil(page)];
+    // SAFETY: the mapping starts on a page and spans `map.len()` bytes; `vec`
+    // holds one byte per page of it, which is all mincore writes.
+    let rc = unsafe {
+        libc::mincore(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            vec.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    let pages = vec.iter().filter(|&&b| b & 1 != 0).count();
+    Some(pages.saturating_mul(page).min(map.len()))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn resident(_: &memmap2::MmapMut) -> Option<usize> {
+    None
+}
 
 /// Gives pages `[lo, lo + len)` of `map` back to the OS.
 #[cfg(unix)]

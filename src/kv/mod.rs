@@ -63,6 +63,13 @@ macro_rules! pool_faces {
             self.pools.reserved_bytes_total()
         }
 
+        /// Memory all pools hold now: the resident pages of reserved pools
+        /// (rows written and not given back by `clear`/`trim`), the whole
+        /// buffers of grown ones. At most [`Self::reserved_bytes`].
+        pub fn committed_bytes(&self) -> usize {
+            self.pools.committed_bytes_total()
+        }
+
         /// How the pools hold their rows: `Reserve` unless a reservation
         /// was refused or the fallback asked for (`OFFGRAPH_KV_POOLS=grow`).
         pub fn pool_memory(&self) -> $crate::kv::PoolMemory {

@@ -272,6 +272,15 @@ impl Pool {
         self.k.len().saturating_add(self.v.len())
     }
 
+    /// Memory the K and V buffers hold now: a reservation's resident pages
+    /// (those rows were written on, or committed ahead of a write, and not
+    /// given back by `clear` or `trim`), a grown pool's whole buffers.
+    pub fn committed_bytes(&self) -> usize {
+        self.k
+            .committed_bytes()
+            .saturating_add(self.v.committed_bytes())
+    }
+
     /// Gives every page back (the rows read as zeros); a grown pool returns
     /// to its initial size. Views keep their memory alive, and a view of a
     /// reservation reads the zeros and whatever later steps write.

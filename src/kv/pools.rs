@@ -69,6 +69,11 @@ impl LayerPools {
         self.0.iter().map(Pool::reserved_bytes).sum()
     }
 
+    /// Memory all pools hold now (see [`Pool::committed_bytes`]).
+    pub fn committed_bytes_total(&self) -> usize {
+        self.0.iter().map(Pool::committed_bytes).sum()
+    }
+
     /// `Reserve` when every pool reserved its depth, `Grow` when any grows.
     pub fn memory(&self) -> PoolMemory {
         if self.0.iter().all(|p| p.memory() == PoolMemory::Reserve) {

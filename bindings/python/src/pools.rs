@@ -129,6 +129,8 @@ pub trait KvPools {
     fn slots(&self, layer: usize) -> Result<usize>;
     /// Address space all pools hold.
     fn reserved(&self) -> usize;
+    /// Memory the pools hold now.
+    fn committed(&self) -> usize;
     /// `"reserve"` or `"grow"` (see `offgraph_kv::PoolMemory`).
     fn memory(&self) -> &'static str;
     fn step_generation(&self) -> u64;
@@ -161,6 +163,9 @@ macro_rules! kv_pools {
             }
             fn reserved(&self) -> usize {
                 self.reserved_bytes()
+            }
+            fn committed(&self) -> usize {
+                self.committed_bytes()
             }
             fn memory(&self) -> &'static str {
                 self.pool_memory().name()

@@ -145,6 +145,12 @@ macro_rules! kv_methods {
             fn reserved_bytes(slf: &Bound<'_, Self>) -> PyResult<usize> {
                 crate::skeleton::read_kv(slf.as_super(), "reserved_bytes", |c| Ok(crate::pools::KvPools::reserved(c)))
             }
+            /// Memory the pools hold now: the resident pages of reserved pools
+            /// (rows written and not given back by `clear`/`trim`), the whole
+            /// buffers of grown ones; at most `reserved_bytes()`.
+            fn committed_bytes(slf: &Bound<'_, Self>) -> PyResult<usize> {
+                crate::skeleton::read_kv(slf.as_super(), "committed_bytes", |c| Ok(crate::pools::KvPools::committed(c)))
+            }
             /// `"reserve"`: every pool reserved its depth once (growth never
             /// copies, views keep their address); `"grow"`: pools grow by
             /// doubling and copying (the OS refused the reservation, or

@@ -70,6 +70,7 @@ class Engine:
         self._jobs: dict[int, Job] = {}  # rid -> job (engine thread only)
         self._thread = threading.Thread(target=self._run, name="offgraph-kv-engine", daemon=True)
         self.error: BaseException | None = None
+        self._memory_at = float("-inf")  # when the pools' committed bytes were last read
         # The figures after the last step: read without waiting for the step that runs.
         self.last_state: dict[str, Any] = self.state()
 
@@ -176,7 +177,7 @@ class Engine:
                 if self.gen.has_work:
                     self._step()
                 else:
-                    self._publish()
+                    self._publish(memory=True)
                     self._wake.wait(0.5)
                     self._wake.clear()
         except BaseException as e:  # a failed forward: every open request hears it
@@ -221,7 +222,7 @@ class Engine:
                 for job in list(self._jobs.values()):
                     self.gen.cancel(job.rid)
                     self._end(job, "cancelled", "the server is shutting down")
-                self._publish()
+                self._publish(memory=True)
                 return True
 
     def _step(self) -> None:
@@ -268,9 +269,14 @@ class Engine:
         self.metrics.requests.labels(outcome=outcome).inc()
         job.send(outcome, detail)
 
-    def _publish(self) -> None:
+    def _publish(self, memory: bool = False) -> None:
         st = self.last_state = self.state()
         m = self.metrics
+        now = time.perf_counter()
+        # Reading the pools' pages costs a system call per pool: idle, or once a second.
+        if memory or now - self._memory_at >= 1.0:
+            self._memory_at = now
+            m.pool_committed_bytes.set(self.gen.kc.committed_bytes())
         m.running.set(st["running"])
         m.waiting.set(self._waiting)
         m.cells_used.set(st["cells_used"])

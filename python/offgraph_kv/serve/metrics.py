@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+def resident_bytes() -> float:
+    """The process's resident memory (``/proc/self/statm``); NaN where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+        return float(pages * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
 
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
 
@@ -42,6 +55,18 @@ class Metrics:
             "Cells in use that no running request wrote: prefix cache and shared prompts",
             registry=r,
         )
+        self.pool_committed_bytes = Gauge(
+            "offgraph_kv_pool_committed_bytes",
+            "Memory the K/V pools have committed: resident pages of reserved pools, the heap "
+            "buffers of grown ones (updated between steps, at most every second while busy)",
+            registry=r,
+        )
+        self.resident_bytes = Gauge(
+            "offgraph_kv_process_resident_bytes",
+            "The server process's resident memory, read at scrape time",
+            registry=r,
+        )
+        self.resident_bytes.set_function(resident_bytes)
         self.step_seconds = Histogram(
             "offgraph_kv_step_seconds", "Time of one generator step", buckets=_LATENCY, registry=r
         )

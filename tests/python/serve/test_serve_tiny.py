@@ -75,8 +75,17 @@ def test_metrics_and_health_name_what_they_count(server):
         "offgraph_kv_generated_tokens_total",
         "offgraph_kv_step_seconds_bucket",
         "offgraph_kv_time_to_first_token_seconds_bucket",
+        "offgraph_kv_pool_committed_bytes",
+        "offgraph_kv_process_resident_bytes",
     ]:
         assert f"\n{name}" in text, name
+    # The pools hold some pages (each head's first, at least); the process holds more. The
+    # engine publishes the figure between steps (at once when idle): bounded wait for the first.
+    deadline = time.monotonic() + 10
+    while (committed := server.metric("offgraph_kv_pool_committed_bytes")) == 0:
+        assert time.monotonic() < deadline, "the pools' committed bytes were never published"
+        time.sleep(0.1)
+    assert 0 < committed < server.metric("offgraph_kv_process_resident_bytes")
     h = server.get("/health?audit=true")
     assert h["status"] == "ok" and h["audit"] == "ok"
     assert h["cells_used"] + h["cells_free"] == h["cells_total"] == 2000
