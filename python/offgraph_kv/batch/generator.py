@@ -26,7 +26,6 @@ import torch
 
 from .. import _native as _okv
 from .._errors import CapacityError, InvalidArgumentError
-from ..store_cells import GeneratorStore
 from .model_step import ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
 from .sampling import sample
@@ -94,7 +93,11 @@ class BatchGenerator:
         self.n_cells = self.kc.capacity
         self.n_seq_max = self.kc.n_seq_max
         self.prefix_cache = bool(prefix_cache)
-        self._store = None if store is None else GeneratorStore(store, model, self.kc)
+        self._store: Any = None
+        if store is not None:  # the store's cell side, imported only when a store is given
+            from ..store_cells import GeneratorStore
+
+            self._store = GeneratorStore(store, model, self.kc)
         self._sched = Scheduler(
             self.kc, layers, self.max_batch_tokens, self.prefix_cache, self._store
         )
