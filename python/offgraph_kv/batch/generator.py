@@ -122,7 +122,7 @@ class BatchGenerator:
         }
 
     # The scheduler's and the table's collections, under the names the generator always had
-    # (tests and the server's engine thread read them).
+    # (tests inspect them).
     @property
     def _waiting(self) -> list[Request]:
         return self._sched.waiting
@@ -139,8 +139,17 @@ class BatchGenerator:
     def _finished(self) -> dict[int, Request]:
         return self._table.finished
 
-    def _need(self, n: int) -> int:
+    def cells_needed(self, n: int) -> int:
+        """Free cells a request writing ``n`` tokens may take (on an all-sliding model, at most
+        a ring's depth): a request with more than :attr:`n_cells` can never run."""
         return self._sched.cells_needed(n)
+
+    def forget_finished(self, rid: int) -> bool:
+        """Drop the record of finished (or cancelled) ``rid``, which :meth:`run` /
+        :meth:`pop_finished` would report; returns whether there was one. A server that
+        collects each request's tokens as they come calls it to keep the record small."""
+        with self._lock:
+            return self._table.finished.pop(rid, None) is not None
 
     # -- requests ---------------------------------------------------------------------------------
 
