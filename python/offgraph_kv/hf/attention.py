@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .. import _native as _okv
-from .cache import _SPEC_ATTR, ATTN_NAME
+from .cache import ATTN_NAME, tagged_spec
 
 # -- offgraph-kv's attend as a transformers attention function ----------------------------------
 
@@ -72,7 +72,7 @@ def offgraph_attention(
     function returns ``None`` then), and there is no softcap, sink or dropout. Otherwise it falls
     back to plain attention over the tensors it was given, which is always correct.
     """
-    tagged = getattr(key, _SPEC_ATTR, None)
+    tagged = tagged_spec(key)
     special = (
         kwargs.get("softcap") is not None
         or kwargs.get("s_aux") is not None

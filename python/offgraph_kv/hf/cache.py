@@ -18,6 +18,18 @@ ATTN_NAME = "offgraph"
 
 _SPEC_ATTR = "_offgraph_spec"
 
+
+def tag_spec(key: Any, spec: Any, batch_size: int) -> None:
+    """Attach a step's spec (and the batch size it serves) to the ``key`` tensor a layer's
+    ``update`` returns: the attention function reads it back with :func:`tagged_spec`."""
+    setattr(key, _SPEC_ATTR, (spec, batch_size))
+
+
+def tagged_spec(key: Any) -> Any:
+    """``(spec, batch_size)`` :func:`tag_spec` attached to ``key``, or ``None``."""
+    return getattr(key, _SPEC_ATTR, None)
+
+
 KV_DTYPES = ("float32", "float16", "bfloat16", "q8_0")
 _MODEL_POOL = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -192,7 +204,7 @@ class OffgraphLayer(CacheLayerMixin):
             spec = self._write(kin, vin)
             k, v = self._gather(spec.read)
             if (k.dtype == self.dtype and v.dtype == self.dtype) or self.defer_dtype:
-                setattr(k, _SPEC_ATTR, (spec, self.batch_size))
+                tag_spec(k, spec, self.batch_size)
             return self._out(k, v)
         # A ring step longer than max_step (a long prompt on a sliding layer): write it in chunks
         # and return the prior window followed by all the new rows. The prior window is copied

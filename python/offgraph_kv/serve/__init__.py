@@ -7,5 +7,6 @@ prometheus-client).
 * :mod:`.app`: the FastAPI app (endpoints, streaming, stop strings);
 * :mod:`.metrics`: the Prometheus metrics;
 * :mod:`.loading`: what MODEL names, and its tokenizer's chat format;
-* :mod:`.run`: the command's arguments and process.
+* :mod:`.run`: the server process (:func:`~.run.serve` of :class:`~.run.ServeOptions`; the
+  command line that fills them is :mod:`offgraph_kv.tools.cli`'s).
 """

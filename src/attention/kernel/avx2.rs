@@ -174,24 +174,11 @@ impl<const I8: bool> Simd for Avx2<I8> {
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
-    /// Lane `i` of the 8 first registers' sums: a `hadd` tree, then the two
-    /// 128-bit halves added.
+    /// Lane `i` of the 8 first registers' sums.
     #[inline(always)]
     unsafe fn hsum(acc: &[__m256; 16], out: &mut [f32; 16]) {
-        unsafe {
-            let t0 = _mm256_hadd_ps(acc[0], acc[1]);
-            let t1 = _mm256_hadd_ps(acc[2], acc[3]);
-            let t2 = _mm256_hadd_ps(acc[4], acc[5]);
-            let t3 = _mm256_hadd_ps(acc[6], acc[7]);
-            // u0 = [v0..v3 of the low halves | v0..v3 of the high halves], u1 for v4..v7.
-            let u0 = _mm256_hadd_ps(t0, t1);
-            let u1 = _mm256_hadd_ps(t2, t3);
-            let s = _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(u0, u1),
-                _mm256_permute2f128_ps::<0x31>(u0, u1),
-            );
-            _mm256_storeu_ps(out.as_mut_ptr(), s);
-        }
+        // SAFETY: the same contract.
+        unsafe { super::hsum::hsum8(acc, out) }
     }
     #[inline(always)]
     unsafe fn f16(p: *const u8) -> __m256 {

@@ -32,28 +32,8 @@ pub(super) unsafe fn quantize(qs: *const f32, nr: usize, hd: usize, out: *mut u8
             let x = std::slice::from_raw_parts(qs.add(i * hd), hd);
             let row = out.add(i * row_stride(hd));
             let q = std::slice::from_raw_parts_mut(row.cast::<i8>(), hd);
-            quantize_blocks(x, q, row.add(hd).cast::<f32>());
+            super::q8_query::quantize_blocks(x, q, row.add(hd).cast::<f32>());
         }
-    }
-}
-
-/// One row's blocks of 32: `q = round(x / d)` with `d = max|x| / 127`, each
-/// block's `d` written (unaligned) to `scales[b]`. Shared with the VNNI
-/// kernel, whose layout adds correction terms after these.
-///
-/// # Safety
-/// `scales` has room for `x.len() / 32` f32 values.
-#[inline(always)]
-pub(super) unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], scales: *mut f32) {
-    for (b, (xb, qb)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
-        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        for (qv, xv) in qb.iter_mut().zip(xb) {
-            *qv = (xv * id).round() as i8;
-        }
-        // SAFETY: b < x.len() / 32, within `scales` per the contract.
-        unsafe { scales.add(b).write_unaligned(d) };
     }
 }
 
@@ -97,6 +77,6 @@ pub(super) unsafe fn dots<const R: usize>(
                 }
             }
         }
-        <super::avx2::Avx2<true> as super::simd::Simd>::hsum(&acc, out);
+        super::hsum::hsum8(&acc, out);
     }
 }

@@ -33,7 +33,11 @@ mod avx2_int8;
 /// Explicit AVX-512F micro-kernels (this machine's path).
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod hsum;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod q8_query;
 mod select;
 #[cfg(target_arch = "x86_64")]
 mod simd;

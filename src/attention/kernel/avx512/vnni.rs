@@ -32,7 +32,7 @@ pub(super) unsafe fn quantize(qs: *const f32, nr: usize, hd: usize, out: *mut u8
             let row = out.add(i * row_stride(hd));
             let q = std::slice::from_raw_parts_mut(row.cast::<i8>(), hd);
             let corr = row.add(hd + hd / 32 * 4).cast::<i32>();
-            super::super::avx2_int8::quantize_blocks(x, q, row.add(hd).cast::<f32>());
+            super::super::q8_query::quantize_blocks(x, q, row.add(hd).cast::<f32>());
             for (g, qg) in q.chunks_exact(4).enumerate() {
                 let s: i32 = qg.iter().map(|v| *v as i32).sum();
                 corr.add(g).write_unaligned(-128 * s);

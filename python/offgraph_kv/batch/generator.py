@@ -1,0 +1,352 @@
+"""Continuous batching over one :class:`~offgraph_kv.KvCellCache`: :class:`BatchGenerator`.
+
+The generator ties the parts together and owns the threading: the scheduler
+(:mod:`.scheduler`) plans each step, the model step (:mod:`.model_step`) runs its forward, the
+sampler (:mod:`.sampling`) picks the tokens, the request table (:mod:`.requests`) keeps every
+request by id.
+
+* **Cancelling and threads.** ``cancel(rid)`` drops a waiting request at once and frees a
+  running one's sequence at once, or right after the forward in flight when another thread is
+  stepping: ``step`` holds the generator's lock while it schedules and while it takes the
+  forward's results, never during the forward, so a server's event loop can ``add``,
+  ``cancel`` and read ``stats``/``request_info`` while its engine thread steps. One thread steps.
+* **Stopping.** A request stops at ``max_new_tokens`` or at one of its ``eos_token_id`` tokens,
+  which ends its output (as ``generate``'s outputs do).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import _native as _okv
+from .._errors import CapacityError, InvalidArgumentError
+from .model_step import ModelStep, model_step
+from .requests import Request, RequestLimits, RequestTable, new_request
+from .sampling import sample
+from .scheduler import Plan, Scheduler
+
+__all__ = ["BatchGenerator"]
+
+
+class BatchGenerator:
+    """Continuous batching of many requests over one KvCellCache (see :mod:`offgraph_kv.batch`).
+
+    Args:
+        model: a transformers causal LM on the CPU (Llama family, Gemma 3, ...), or any model
+            object with ``forward_cells`` (the native engine's model; see
+            :class:`~offgraph_kv.batch.ModelStep`).
+        n_cells: cells of the cache (each holds one position's K/V for every layer).
+        n_seq_max: most sequences held at once (running plus cached finished ones).
+        max_batch_tokens: most tokens one step carries (also the cache's ``max_step``).
+        kv_dtype: storage dtype of the pools (``None``: float32).
+        prefix_cache: keep finished sequences' cells as prefix cache until cells are needed.
+        store: a :class:`~offgraph_kv.store.PrefixStore` (bound to ``model`` here if it is not
+            bound yet): admission loads the longest stored prefix no live sequence beats, and
+            prefill saves each chunk as it passes the chunk's end.
+
+    With a transformers model, ``step`` switches ``model.config._attn_implementation`` to
+    ``CELL_ATTN_NAME`` for the duration of its forward and restores it after: do not run the
+    same model from another thread while a step runs.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        n_cells: int,
+        n_seq_max: int = 256,
+        max_batch_tokens: int = 512,
+        kv_dtype: str | None = None,
+        prefix_cache: bool = True,
+        store: Any = None,
+    ):
+        if isinstance(max_batch_tokens, bool) or int(max_batch_tokens) < 1:
+            raise InvalidArgumentError(f"max_batch_tokens: expected >= 1, got {max_batch_tokens}")
+        self.model = model
+        self.model_step: ModelStep = model_step(model)
+        layers = self.model_step.layer_configs()
+        self.n_layers = len(layers)
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_positions = int(self.model_step.max_positions)
+        self.vocab_size = int(self.model_step.vocab_size)
+        self.eos_token_ids = list(self.model_step.eos_token_ids)
+        kw: dict[str, Any] = {}
+        if kv_dtype not in (None, "float32"):
+            kw["dtype"] = kv_dtype
+        try:
+            cfg = _okv.CacheConfig(
+                self.max_positions,
+                self.n_layers,
+                layers,
+                initial_capacity=min(int(n_cells), 256) if int(n_cells) > 0 else 1,
+                max_step=self.max_batch_tokens,
+                **kw,
+            )
+        except TypeError as e:
+            raise InvalidArgumentError(f"kv_dtype {kv_dtype!r} is not supported here: {e}") from e
+        self.kc = _okv.KvCellCache(cfg, n_cells, n_seq_max=n_seq_max)
+        self.n_cells = self.kc.capacity
+        self.n_seq_max = self.kc.n_seq_max
+        self.prefix_cache = bool(prefix_cache)
+        self._store: Any = None
+        if store is not None:  # the store's cell side, imported only when a store is given
+            from ..store.cells import GeneratorStore
+
+            self._store = GeneratorStore(store, model, self.kc)
+        self._sched = Scheduler(
+            self.kc, layers, self.max_batch_tokens, self.prefix_cache, self._store
+        )
+        self.has_flat = self._sched.has_flat
+        self.ring_depth = self._sched.ring_depth
+        self._limits = RequestLimits(
+            self.vocab_size, self.max_positions, self.n_cells, self._sched.cells_needed
+        )
+        self._ids = itertools.count()
+        self._table = RequestTable()
+        # `step` holds the lock while it schedules and while it takes the forward's results, not
+        # during the forward: `add`/`cancel`/`stats` from another thread never wait on a forward.
+        self._lock = threading.RLock()
+        self._stepping = False  # a forward is in flight: cancelling a running request waits
+        self._cancels: list[Request] = []  # running requests cancelled during the forward
+        self._counts = {
+            "steps": 0,
+            "forward_tokens": 0,
+            "prefill_tokens": 0,
+            "decode_tokens": 0,
+            "generated_tokens": 0,
+        }
+
+    # The scheduler's and the table's collections, under the names the generator always had
+    # (tests inspect them).
+    @property
+    def _waiting(self) -> list[Request]:
+        return self._sched.waiting
+
+    @property
+    def _running(self) -> list[Request]:
+        return self._sched.running
+
+    @property
+    def _cached(self) -> OrderedDict[int, int]:
+        return self._sched.cached
+
+    @property
+    def _finished(self) -> dict[int, Request]:
+        return self._table.finished
+
+    def cells_needed(self, n: int) -> int:
+        """Free cells a request writing ``n`` tokens may take (on an all-sliding model, at most
+        a ring's depth): a request with more than :attr:`n_cells` can never run."""
+        return self._sched.cells_needed(n)
+
+    def forget_finished(self, rid: int) -> bool:
+        """Drop the record of finished (or cancelled) ``rid``, which :meth:`run` /
+        :meth:`pop_finished` would report; returns whether there was one. A server that
+        collects each request's tokens as they come calls it to keep the record small."""
+        with self._lock:
+            return self._table.finished.pop(rid, None) is not None
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def add(
+        self,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        max_new_tokens: int,
+        eos_token_id: int | Sequence[int] | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> int:
+        """Queue a request; returns its id. It joins the batch at the next step it fits."""
+        req = self._request(prompt_ids, max_new_tokens, eos_token_id, temperature, top_p, seed)
+        with self._lock:
+            self._queue([req])
+        return req.rid
+
+    def _request(self, prompt_ids: Any, max_new_tokens: int, *args: Any, **kw: Any) -> Request:
+        return new_request(self._ids, self._limits, prompt_ids, max_new_tokens, *args, **kw)
+
+    def _queue(self, reqs: list[Request]) -> None:
+        self._sched.waiting.extend(reqs)
+        self._table.add(reqs)
+
+    def cancel(self, rid: int) -> bool:
+        """Drop a waiting or running request; returns whether it was waiting or running.
+
+        A waiting request leaves the queue at once. A running one stops producing tokens and its
+        sequence is freed (cells shared with other sequences stay with them) at once, or, when a
+        step's forward is in flight in another thread, as soon as that forward returns; a token
+        that forward produces for it is still in that step's output. Unknown, finished or
+        already cancelled ids return ``False`` and change nothing. Safe to call from another
+        thread than the one calling :meth:`step`. The request's partial output is what
+        :meth:`run`/:meth:`pop_finished` report for it (``finish_reason`` ``"cancelled"``).
+        """
+        with self._lock:
+            req = self._table.live.get(rid)
+            if req is None:
+                return False
+            if req.seq is not None and self._stepping:
+                if req not in self._cancels:
+                    self._cancels.append(req)
+            else:
+                self._drop(req)
+            return True
+
+    def _drop(self, req: Request) -> None:
+        """Cancel ``req`` now (waiting, or running with no forward in flight)."""
+        if req.done:  # finished in the step that was in flight when it was cancelled
+            return
+        self._sched.drop(req)
+        self._table.retire(req, "cancelled")
+
+    def request_info(self, rid: int) -> dict[str, Any] | None:
+        """What is known of a request: ``state`` (``"waiting"``, ``"running"``, ``"finished"``
+        or ``"cancelled"``), ``prompt_tokens``, ``cached_tokens`` (prompt tokens served from
+        shared cells rather than computed), ``generated_tokens`` and ``finish_reason``
+        (``"stop"`` at an eos token, ``"length"``, ``"cancelled"``, ``None`` while live).
+        ``None`` for an id never added, or finished and collected by :meth:`run` or
+        :meth:`pop_finished`."""
+        with self._lock:
+            return self._table.info(rid)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a request is waiting or running."""
+        return bool(self._table.live)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since construction plus the cache's current occupancy."""
+        with self._lock:
+            occ = self._sched.occupancy()
+            return {
+                **self._counts,
+                **self._sched.counters,
+                **self._table.counters,
+                "cells_used": self.n_cells - self.kc.free_cells,
+                "cells_free": self.kc.free_cells,
+                "cells_unshared": occ["cells_unshared"],
+                "cells_total": self.n_cells,
+                "running": occ["running"],
+                "waiting": occ["waiting"],
+                "cached_sequences": occ["cached_sequences"],
+                **({} if self._store is None else self._store.stats()),
+            }
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    def step(self) -> list[tuple[int, int]]:
+        """One forward over every active request; returns ``[(rid, token), ...]`` it produced.
+
+        One thread steps; others may :meth:`add`, :meth:`cancel` and read :attr:`stats`
+        meanwhile (the lock is not held during the forward)."""
+        with self._lock:
+            if not self.has_work:
+                return []
+            plan = self._sched.plan()
+            if not plan:
+                raise CapacityError(
+                    "no request can make progress: the waiting requests do not fit the free cells"
+                )
+            seq_ids: list[int] = []
+            positions: list[int] = []
+            tokens: list[int] = []
+            rows: list[int] = []
+            samplers: list[Request] = []
+            for req, n in plan:
+                assert req.seq is not None
+                seq_ids += [req.seq] * n
+                positions += range(req.fed, req.fed + n)
+                tokens += req.tokens[req.fed : req.fed + n]
+                if req.fed + n == len(req.tokens):
+                    rows.append(len(tokens) - 1)
+                    samplers.append(req)
+            self.kc.begin_step(seq_ids, positions)
+            self._stepping = True
+        try:
+            logits = self._forward(tokens, positions, rows)
+        except BaseException:
+            with self._lock:
+                self._stepping = False
+                self._sched.unfed(plan)  # the step's tokens are not held: drop them
+                self._apply_cancels()
+            raise
+        with self._lock:
+            self._stepping = False
+            out = self._take(plan, samplers, logits, len(tokens))
+            self._apply_cancels()
+        return out
+
+    def _forward(self, tokens: list[int], positions: list[int], rows: list[int]) -> Any:
+        """The model step's logits ``[len(rows), vocab]`` for the open step."""
+        return self.model_step.forward_cells(self.kc, tokens, positions, rows)
+
+    def _take(
+        self, plan: Plan, samplers: list[Request], logits: Any, n_tokens: int
+    ) -> list[tuple[int, int]]:
+        """Account a step's forward: tokens held, the tokens sampled, requests finished."""
+        prefill, decode = self._sched.fed(plan)
+        self._counts["prefill_tokens"] += prefill
+        self._counts["decode_tokens"] += decode
+        self._counts["steps"] += 1
+        self._counts["forward_tokens"] += n_tokens
+        out: list[tuple[int, int]] = []
+        for i, req in enumerate(samplers):
+            tok = sample(logits[i], req.temperature, req.top_p, req.generator)
+            req.tokens.append(tok)
+            out.append((req.rid, tok))
+            self._counts["generated_tokens"] += 1
+            if tok in req.eos:
+                self._finish(req, "stop")
+            elif len(req.generated) >= req.max_new_tokens:
+                self._finish(req, "length")
+        return out
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self._sched.finish(req)
+        self._table.retire(req, reason)
+
+    def _apply_cancels(self) -> None:
+        for req in self._cancels:
+            self._drop(req)
+        self._cancels.clear()
+
+    # -- drivers ----------------------------------------------------------------------------------
+
+    def run(self) -> dict[int, list[int]]:
+        """Step until every request is done; returns ``{rid: generated tokens}`` of the requests
+        finished since the last ``run``/``generate`` (and forgets them)."""
+        while self.has_work:
+            self.step()
+        return self.pop_finished()
+
+    def pop_finished(self) -> dict[int, list[int]]:
+        """``{rid: generated tokens}`` of the requests finished or cancelled since the last
+        ``run``/``generate``/``pop_finished``, which forgets them (a server stepping by itself
+        calls it to keep the record small)."""
+        with self._lock:
+            return self._table.pop_finished()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        max_new_tokens: int,
+        eos_token_id: int | Sequence[int] | None = None,
+        **sampling: Any,
+    ) -> list[list[int]]:
+        """Generate for every prompt; returns the generated tokens in prompt order."""
+        reqs = [self._request(p, max_new_tokens, eos_token_id, **sampling) for p in prompts]
+        with self._lock:
+            self._queue(reqs)  # all validated first: a bad prompt queues nothing
+        self.run()
+        return [r.generated for r in reqs]  # a request cancelled meanwhile: its tokens so far
+
+    def clear_prefix_cache(self) -> None:
+        """Free every cached finished sequence."""
+        with self._lock:
+            self._sched.clear_cache()

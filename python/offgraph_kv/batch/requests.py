@@ -1,0 +1,185 @@
+"""Requests: what one holds (:class:`Request`), how one is checked (:func:`new_request`), and
+the table of every request by id (:class:`RequestTable`: live ones, finished ones not yet
+collected, and the finished / cancelled counters)."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._errors import CapacityError, InvalidArgumentError
+from .sampling import sampler_for
+
+__all__ = ["Request", "RequestLimits", "RequestTable", "new_request", "prompt_tokens"]
+
+
+@dataclass(eq=False)  # compared and hashed by identity: the scheduler's prefix index keys by it
+class Request:
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    eos: frozenset[int]
+    temperature: float
+    top_p: float
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)  # prompt + generated
+    seq: int | None = None
+    fed: int = 0  # tokens[:fed] are held by `seq`
+    reused: int = 0
+    done: bool = False
+    finish_reason: str | None = None  # "stop" (an eos token), "length" or "cancelled"
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.prompt) :]
+
+    @property
+    def total(self) -> int:
+        """Tokens this request may write: every token but the last one generated."""
+        return len(self.prompt) + self.max_new_tokens - 1
+
+    @property
+    def outstanding(self) -> int:
+        return self.total - self.fed
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request must fit: the vocabulary, the model's positions, the cache's cells
+    (``cells_needed(n)``: free cells ``n`` written tokens of one sequence may take)."""
+
+    vocab_size: int
+    max_positions: int
+    n_cells: int
+    cells_needed: Callable[[int], int]
+
+
+def prompt_tokens(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int]:
+    """``prompt_ids`` (a sequence of ints, a 1-D tensor or a ``[1, T]`` one) as a checked list."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+            prompt_ids = prompt_ids[0]
+        if prompt_ids.dim() != 1:
+            raise InvalidArgumentError(
+                f"prompt_ids: expected one sequence, got shape {tuple(prompt_ids.shape)}"
+            )
+        prompt_ids = prompt_ids.tolist()
+    try:
+        prompt = [int(t) for t in prompt_ids]
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"prompt_ids: expected token ids, got {e}") from e
+    if not prompt:
+        raise InvalidArgumentError("prompt_ids: empty prompt")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidArgumentError(
+            f"prompt_ids: token {bad[0]} outside the vocabulary [0, {vocab_size})"
+        )
+    return prompt
+
+
+def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    try:
+        if eos_token_id is None:
+            return frozenset()
+        if isinstance(eos_token_id, (int, torch.Tensor)) or hasattr(eos_token_id, "__index__"):
+            return frozenset([operator.index(eos_token_id)])
+        return frozenset(operator.index(t) for t in eos_token_id)
+    except TypeError as e:
+        raise InvalidArgumentError(f"eos_token_id: expected token ids, got {e}") from e
+
+
+def new_request(
+    ids: Iterator[int],
+    limits: RequestLimits,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    max_new_tokens: int,
+    eos_token_id: int | Sequence[int] | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+) -> Request:
+    """A checked request (not queued); its id is drawn from ``ids`` only once every check
+    passed, so a refused request takes no id."""
+    prompt = prompt_tokens(prompt_ids, limits.vocab_size)
+    try:
+        max_new = operator.index(max_new_tokens)
+    except TypeError as e:
+        raise InvalidArgumentError(f"max_new_tokens: expected an int, got {e}") from e
+    if isinstance(max_new_tokens, bool) or max_new < 1:
+        raise InvalidArgumentError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    eos = _eos_set(eos_token_id)
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)):
+        raise InvalidArgumentError(f"temperature: expected a finite number, got {temperature}")
+    if temperature < 0:
+        raise InvalidArgumentError(f"temperature: expected >= 0, got {temperature}")
+    if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+        raise InvalidArgumentError(f"top_p: expected in (0, 1], got {top_p}")
+    total = len(prompt) + max_new - 1
+    if total > limits.max_positions:
+        raise CapacityError(
+            f"request needs {total} positions, the model has {limits.max_positions}"
+        )
+    if limits.cells_needed(total) > limits.n_cells:
+        raise CapacityError(
+            f"request may write {total} tokens, more than the cache's {limits.n_cells} cells"
+        )
+    return Request(
+        rid=next(ids),
+        prompt=prompt,
+        max_new_tokens=max_new,
+        eos=eos,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        generator=sampler_for(temperature, seed),
+        tokens=list(prompt),
+    )
+
+
+class RequestTable:
+    """Every request by id: ``live`` (waiting or running) and ``finished`` (finished or
+    cancelled, until collected by :meth:`pop_finished`)."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, Request] = {}
+        self.finished: dict[int, Request] = {}
+        self.counters = {"requests_finished": 0, "requests_cancelled": 0}
+
+    def add(self, reqs: Sequence[Request]) -> None:
+        self.live.update((r.rid, r) for r in reqs)
+
+    def retire(self, req: Request, reason: str) -> None:
+        """``req`` is over (``"stop"``, ``"length"`` or ``"cancelled"``)."""
+        req.done = True
+        req.finish_reason = reason
+        self.live.pop(req.rid, None)
+        self.finished[req.rid] = req
+        self.counters["requests_cancelled" if reason == "cancelled" else "requests_finished"] += 1
+
+    def info(self, rid: int) -> dict[str, Any] | None:
+        """See :meth:`BatchGenerator.request_info`."""
+        req = self.live.get(rid) or self.finished.get(rid)
+        if req is None:
+            return None
+        if req.done:
+            state = "cancelled" if req.finish_reason == "cancelled" else "finished"
+        else:
+            state = "waiting" if req.seq is None else "running"
+        return {
+            "state": state,
+            "prompt_tokens": len(req.prompt),
+            "cached_tokens": req.reused,
+            "generated_tokens": len(req.generated),
+            "finish_reason": req.finish_reason,
+        }
+
+    def pop_finished(self) -> dict[int, list[int]]:
+        """``{rid: generated tokens}`` of the finished requests, which are forgotten."""
+        done = {rid: r.generated for rid, r in self.finished.items()}
+        self.finished.clear()
+        return done
