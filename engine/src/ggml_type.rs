@@ -117,7 +117,7 @@ impl GgmlType {
     /// of blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Result<u64> {
         let bl = self.block_len() as u64;
-        if n % bl != 0 {
+        if !n.is_multiple_of(bl) {
             return Err(EngineError::Format(format!(
                 "{} row: expected a multiple of {bl} values, got {n}",
                 self.name()
@@ -145,7 +145,11 @@ mod tests {
         }
         assert_eq!(GgmlType::Q4_K.row_bytes(512).ok(), Some(288));
         assert!(GgmlType::Q4_K.row_bytes(100).is_err());
-        assert!(GgmlType::Q8_0.row_bytes(u64::MAX - 31).is_ok());
+        assert!(GgmlType::Q8_0.row_bytes(u64::MAX - 31).is_err());
+        assert_eq!(
+            GgmlType::Q8_0.row_bytes(u64::MAX / 34 / 32 * 32).ok(),
+            Some(u64::MAX / 34 / 32 * 34)
+        );
         assert!(GgmlType::F32.row_bytes(u64::MAX).is_err());
     }
 }

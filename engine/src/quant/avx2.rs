@@ -1,0 +1,253 @@
+//! AVX2 dots for the 32-value block types and the float types; the K types
+//! are in `avx2_k`. Each kernel takes one stored row and `T` tokens: a block
+//! is decoded to 32 bytes once and multiplied into all `T` tokens' quants.
+//!
+//! The integer products use `vpmaddubsw` (unsigned × signed bytes, pairs
+//! summed to int16) then `vpmaddwd` (pairs to int32). Signed weights enter
+//! as `|w|` with the activation taking `w`'s sign (`vpsignb`); a pair is then
+//! at most 2 · 128 · 127 = 32,512, inside int16. Unsigned weights (Q4_1,
+//! Q5_1 and the K types) enter as they are.
+//!
+//! All kernels are `#[inline(always)]` and only reached from
+//! `driver::compute_avx2`, which is compiled with avx2, fma and f16c.
+
+use super::act::Act;
+use super::driver::Kernel;
+use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
+
+/// The AVX2 kernels (see the module docs for when they may run).
+pub(super) struct Avx2;
+
+impl Kernel for Avx2 {
+    #[inline(always)]
+    fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]> {
+        let cols = a.first()?.x.len();
+        check(ty, row, a, cols)?;
+        // SAFETY: `check` verified the row holds exactly `cols` values of
+        // `ty` and every token's views hold `cols` values (and their scales
+        // and sums); the CPU has avx2, fma and f16c (module docs).
+        unsafe {
+            Some(match ty {
+                GgmlType::F32 => floats::<T, 0>(row, a, cols),
+                GgmlType::F16 => floats::<T, 1>(row, a, cols),
+                GgmlType::BF16 => floats::<T, 2>(row, a, cols),
+                GgmlType::Q4_0 => q32::<T, 0>(row, a, cols),
+                GgmlType::Q4_1 => q32::<T, 1>(row, a, cols),
+                GgmlType::Q5_0 => q32::<T, 2>(row, a, cols),
+                GgmlType::Q5_1 => q32::<T, 3>(row, a, cols),
+                GgmlType::Q8_0 => q32::<T, 4>(row, a, cols),
+                GgmlType::Q4_K => super::avx2_k::q45k::<T, false>(row, a, cols),
+                GgmlType::Q5_K => super::avx2_k::q45k::<T, true>(row, a, cols),
+                GgmlType::Q6_K => super::avx2_k::q6k::<T>(row, a, cols),
+                GgmlType::Q8_K => super::avx2_k::q8k::<T>(row, a, cols),
+            })
+        }
+    }
+}
+
+/// The one bounds check the kernels rely on.
+fn check<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T], cols: usize) -> Option<()> {
+    if ty.row_bytes(cols as u64).ok()? != row.len() as u64 {
+        return None;
+    }
+    let bl = ty.block_len();
+    let ok = a.iter().all(|a| match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => a.x.len() == cols,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
+            a.x.len() == cols
+                && a.qs.len() >= cols
+                && a.d.len() >= cols / bl
+                && a.bs.len() >= cols / 16
+        }
+        _ => {
+            a.x.len() == cols
+                && a.qs.len() >= cols
+                && a.d.len() >= cols / bl
+                && a.s.len() >= cols / bl
+        }
+    });
+    ok.then_some(())
+}
+
+#[inline(always)]
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: register-only AVX arithmetic.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+/// The f16 at `p` (unaligned) as f32, by F16C.
+#[inline(always)]
+pub(super) unsafe fn half_at(p: *const u8) -> f32 {
+    // SAFETY: the caller's 2 bytes at `p`; F16C per the module docs.
+    unsafe {
+        let h = p.cast::<u16>().read_unaligned().to_le();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
+/// Σ u·s over 32 byte pairs as eight int32 (`u` unsigned, `s` signed).
+#[inline(always)]
+pub(super) unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 arithmetic.
+    unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
+}
+
+/// 16 bytes of nibbles as 32 bytes: low nibbles (values 0..16) in the low
+/// lane, high nibbles (values 16..32) in the high lane.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // SAFETY: the caller's 16 bytes at `p`.
+    unsafe {
+        let b = _mm_loadu_si128(p.cast());
+        let v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+        _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
+    }
+}
+
+/// 0xff in byte `j` where bit `j` of `qh` is set.
+#[inline(always)]
+unsafe fn bit_mask(qh: u32) -> __m256i {
+    // SAFETY: register-only AVX2 arithmetic.
+    unsafe {
+        // Byte j takes byte j / 8 of qh, then tests its bit j % 8.
+        let spread = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let v = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+        let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits)
+    }
+}
+
+/// The 32-value types: `K` 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0.
+#[inline(always)]
+unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: usize) -> [f32; T] {
+    let bb = match K {
+        0 => 18,
+        1 => 20,
+        2 => 22,
+        3 => 24,
+        _ => 34,
+    };
+    // SAFETY (whole fn): block `b` of the row is at `b * bb` (`check`), each
+    // token has `cols` quants and `cols / 32` scales and sums.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut mins = [0f32; T];
+        let w = row.as_ptr();
+        for b in 0..cols / 32 {
+            let p = w.add(b * bb);
+            // Ahead into this row or the next: a matvec streams the rows.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * bb).cast());
+            let dw = half_at(p);
+            // Signed weights as (|q|, sign source); unsigned ones as q.
+            let (q, signed) = match K {
+                0 => (
+                    _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
+                    true,
+                ),
+                1 => (nibbles(p.add(4)), false),
+                2 => {
+                    let qh = p.add(2).cast::<u32>().read_unaligned().to_le();
+                    let m = bit_mask(qh);
+                    // q − 16: a clear 5th bit makes the nibble negative (0xf0 | q).
+                    let hi = _mm256_andnot_si256(m, _mm256_set1_epi8(0xf0u8 as i8));
+                    (_mm256_or_si256(nibbles(p.add(6)), hi), true)
+                }
+                3 => {
+                    let qh = p.add(4).cast::<u32>().read_unaligned().to_le();
+                    let hi = _mm256_and_si256(bit_mask(qh), _mm256_set1_epi8(0x10));
+                    (_mm256_or_si256(nibbles(p.add(8)), hi), false)
+                }
+                _ => (_mm256_loadu_si256(p.add(2).cast()), true),
+            };
+            let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
+            let m = if K == 1 || K == 3 {
+                half_at(p.add(2))
+            } else {
+                0.0
+            };
+            for t in 0..T {
+                let at = a.get_unchecked(t);
+                let y = _mm256_loadu_si256(at.qs.as_ptr().add(b * 32).cast());
+                let y = if signed { _mm256_sign_epi8(y, q) } else { y };
+                let s = _mm256_cvtepi32_ps(dot_us(qa, y));
+                let acc_t = acc.get_unchecked_mut(t);
+                *acc_t = _mm256_fmadd_ps(_mm256_set1_ps(dw * *at.d.get_unchecked(b)), s, *acc_t);
+                if K == 1 || K == 3 {
+                    *mins.get_unchecked_mut(t) += m * *at.s.get_unchecked(b);
+                }
+            }
+        }
+        core::array::from_fn(|t| hsum(*acc.get_unchecked(t)) + *mins.get_unchecked(t))
+    }
+}
+
+/// Float weights: `K` 0 F32, 1 F16 (F16C), 2 BF16, with f32 activations.
+#[inline(always)]
+unsafe fn floats<const T: usize, const K: u8>(
+    row: &[u8],
+    a: &[Act<'_>; T],
+    cols: usize,
+) -> [f32; T] {
+    // SAFETY (whole fn): the row holds `cols` values and each token `cols`
+    // floats (`check`).
+    unsafe {
+        let load = |c: usize| -> __m256 {
+            match K {
+                0 => _mm256_loadu_ps(row.as_ptr().add(c * 4).cast()),
+                1 => _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(c * 2).cast())),
+                _ => {
+                    let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(row.as_ptr().add(c * 2).cast()));
+                    _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+                }
+            }
+        };
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut c = 0;
+        let wb = if K == 0 { 4 } else { 2 };
+        while c + 8 <= cols {
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add((c + 256) * wb).cast());
+            let w = load(c);
+            for t in 0..T {
+                let x = _mm256_loadu_ps(a.get_unchecked(t).x.as_ptr().add(c));
+                let acc_t = acc.get_unchecked_mut(t);
+                *acc_t = _mm256_fmadd_ps(w, x, *acc_t);
+            }
+            c += 8;
+        }
+        let mut out: [f32; T] = core::array::from_fn(|t| hsum(*acc.get_unchecked(t)));
+        // A tail shorter than 8 (float rows need not be a multiple of 8).
+        for c in c..cols {
+            let w = match K {
+                0 => row.as_ptr().add(c * 4).cast::<f32>().read_unaligned(),
+                1 => super::f16::f16_to_f32(
+                    row.as_ptr()
+                        .add(c * 2)
+                        .cast::<u16>()
+                        .read_unaligned()
+                        .to_le(),
+                ),
+                _ => super::f16::bf16_to_f32(
+                    row.as_ptr()
+                        .add(c * 2)
+                        .cast::<u16>()
+                        .read_unaligned()
+                        .to_le(),
+                ),
+            };
+            for t in 0..T {
+                *out.get_unchecked_mut(t) += w * *a.get_unchecked(t).x.get_unchecked(c);
+            }
+        }
+        out
+    }
+}

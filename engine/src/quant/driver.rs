@@ -1,0 +1,314 @@
+//! The matmul driver: checks every argument before writing anything,
+//! quantizes the activations once, splits the output rows of all weights of
+//! the call into contiguous ranges (by bytes) over the worker pool, and in
+//! each range reads every row once per tile of tokens: the row stays in L1
+//! while all the tile's tokens (their quantized activations in L2) pass it.
+
+use super::act::{Act, ActBuf, ActKind};
+use super::isa::Path;
+use super::portable;
+use super::QMatrix;
+use crate::error::{EngineError, Result};
+use crate::ggml_type::GgmlType;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Weights handled in one pass of the pool (a call with more runs several).
+const GROUP: usize = 8;
+/// Tokens per kernel call: a row's decoded block is used for this many.
+pub(super) const TOK: usize = 4;
+/// Activation bytes a token tile may take (L2 is 2 MiB a core here).
+const TILE_BYTES: usize = 512 * 1024;
+/// Weight bytes of a row block (half of L1d).
+const ROW_BLOCK_BYTES: usize = 24 * 1024;
+/// Weight bytes x tokens below which another part costs more than it saves.
+const PART_WORK: u64 = 32 * 1024;
+
+/// The output of one weight, shared by the parts: each writes only the
+/// indices of its own rows.
+struct Out {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: parts write disjoint indices (their row ranges do not overlap) and
+// the caller's `&mut` borrow outlives the pool call.
+unsafe impl Sync for Out {}
+
+impl Out {
+    #[inline(always)]
+    fn put(&self, i: usize, v: f32) -> bool {
+        if i < self.len {
+            // SAFETY: in bounds (checked); no other part writes index `i`.
+            unsafe { self.ptr.add(i).write(v) };
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// One stored row against `T` tokens' activations.
+pub(super) trait Kernel {
+    fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]>;
+}
+
+struct Portable;
+
+impl Kernel for Portable {
+    #[inline(always)]
+    fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]> {
+        Some(core::array::from_fn(|t| {
+            a.get(t).map_or(0.0, |a| portable::dot(ty, row, a))
+        }))
+    }
+}
+
+struct Job<'a> {
+    w: QMatrix<'a>,
+    out: Out,
+    row_bytes: usize,
+    /// Where this weight's rows start in the call's byte space.
+    off: u64,
+}
+
+impl Job<'_> {
+    /// The first row at or after byte position `pos` of the call.
+    fn row_at(&self, pos: u64) -> usize {
+        let rb = self.row_bytes.max(1) as u64;
+        let r = pos.saturating_sub(self.off).div_ceil(rb);
+        usize::try_from(r).unwrap_or(usize::MAX).min(self.w.rows)
+    }
+}
+
+thread_local! {
+    /// The caller thread's quantized activations (Q8, Q8K); they only grow.
+    static SCRATCH: RefCell<[ActBuf; 2]> = RefCell::new(Default::default());
+}
+
+fn invalid(msg: String) -> EngineError {
+    EngineError::InvalidArgument(msg)
+}
+
+pub(super) fn run(
+    path: Path,
+    ws: &[&QMatrix],
+    x: &[f32],
+    n: usize,
+    outs: &mut [&mut [f32]],
+    threads: usize,
+) -> Result<()> {
+    if ws.len() != outs.len() {
+        return Err(invalid(format!(
+            "matmul: {} weights but {} outputs",
+            ws.len(),
+            outs.len()
+        )));
+    }
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
+    let cols = first.cols;
+    for (i, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
+        w.row_bytes_checked()?;
+        if w.cols != cols {
+            return Err(invalid(format!(
+                "matmul: weight {i} has {} cols, weight 0 has {cols}",
+                w.cols
+            )));
+        }
+        let need = n.checked_mul(w.rows);
+        if need.is_none_or(|need| o.len() < need) {
+            return Err(invalid(format!(
+                "matmul: output {i} needs {n} tokens x {} rows values, got {}",
+                w.rows,
+                o.len()
+            )));
+        }
+    }
+    let need = n.checked_mul(cols);
+    if need.is_none_or(|need| x.len() < need) {
+        return Err(invalid(format!(
+            "matmul: x needs {n} tokens x {cols} cols values, got {}",
+            x.len()
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut bufs) => run_filled(path, ws, x, n, outs, threads, &mut bufs),
+        // Re-entered on this thread (not done by the engine): fresh buffers.
+        Err(_) => run_filled(path, ws, x, n, outs, threads, &mut Default::default()),
+    })
+}
+
+fn run_filled(
+    path: Path,
+    ws: &[&QMatrix],
+    x: &[f32],
+    n: usize,
+    outs: &mut [&mut [f32]],
+    threads: usize,
+    bufs: &mut [ActBuf; 2],
+) -> Result<()> {
+    let cols = ws.first().map_or(0, |w| w.cols);
+    let [q8, q8k] = bufs;
+    let kinds = || ws.iter().map(|w| ActKind::of(w.ty));
+    if kinds().any(|k| k == ActKind::Q8) {
+        q8.fill(ActKind::Q8, x, cols, n);
+    }
+    if kinds().any(|k| k == ActKind::Q8K) {
+        q8k.fill(ActKind::Q8K, x, cols, n);
+    }
+    let f32buf = ActBuf::default();
+    let mut f32buf = f32buf;
+    f32buf.fill(ActKind::F32, x, cols, n);
+    for (wg, og) in ws.chunks(GROUP).zip(outs.chunks_mut(GROUP)) {
+        let mut jobs: [Option<Job>; GROUP] = Default::default();
+        let mut total = 0u64;
+        for ((slot, w), o) in jobs.iter_mut().zip(wg).zip(og.iter_mut()) {
+            let row_bytes = w.row_bytes_checked()?;
+            *slot = Some(Job {
+                w: **w,
+                out: Out {
+                    ptr: o.as_mut_ptr(),
+                    len: o.len(),
+                },
+                row_bytes,
+                off: total,
+            });
+            total = total.saturating_add((row_bytes as u64).saturating_mul(w.rows as u64));
+        }
+        let work = total.saturating_mul(n as u64);
+        let parts = threads.clamp(
+            1,
+            usize::try_from(work / PART_WORK)
+                .unwrap_or(usize::MAX)
+                .max(1),
+        );
+        let failed = AtomicBool::new(false);
+        let part = |p: usize| {
+            let lo = (u128::from(total) * p as u128 / parts as u128) as u64;
+            let hi = (u128::from(total) * (p as u128 + 1) / parts as u128) as u64;
+            for job in jobs.iter().flatten() {
+                let (r0, r1) = (job.row_at(lo), job.row_at(hi));
+                if r0 >= r1 {
+                    continue;
+                }
+                let buf = match ActKind::of(job.w.ty) {
+                    ActKind::Q8 => &*q8,
+                    ActKind::Q8K => &*q8k,
+                    ActKind::F32 => &f32buf,
+                };
+                if !rows(path, job, buf, x, n, r0, r1) {
+                    failed.store(true, Ordering::Relaxed);
+                }
+            }
+        };
+        let ran = offgraph_kv::workers::run(parts, &part);
+        if ran.is_err() || failed.load(Ordering::Relaxed) {
+            return Err(invalid(
+                "matmul: a part failed on its rows (inconsistent buffers)".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn rows(path: Path, job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r1: usize) -> bool {
+    match path {
+        Path::Portable => compute::<Portable>(job, buf, x, n, r0, r1),
+        // SAFETY: `isa::select` returned Avx2 only after detecting avx2, fma and f16c.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { compute_avx2(job, buf, x, n, r0, r1) },
+    }
+}
+
+/// [`compute`] compiled with AVX2, so the kernels inline into its loops.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn compute_avx2(job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r1: usize) -> bool {
+    compute::<super::avx2::Avx2>(job, buf, x, n, r0, r1)
+}
+
+/// Rows `r0..r1` of `job` for all `n` tokens; false when a view or an
+/// output index was out of range (the checks in `run` rule it out).
+#[inline(always)]
+fn compute<K: Kernel>(job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r1: usize) -> bool {
+    let (w, rb) = (&job.w, job.row_bytes);
+    let per_token = match ActKind::of(w.ty) {
+        ActKind::F32 => w.cols * 4,
+        ActKind::Q8 => w.cols + w.cols / 8,
+        ActKind::Q8K => w.cols + w.cols / 8 + w.cols / 64,
+    };
+    let tile = (TILE_BYTES / per_token.max(1)).max(TOK) / TOK * TOK;
+    // Rows of a block stay in L1 while each token chunk passes them.
+    let rblock = (ROW_BLOCK_BYTES / rb.max(1)).max(1);
+    let mut ok = true;
+    let mut t0 = 0;
+    while t0 < n {
+        let t1 = n.min(t0.saturating_add(tile));
+        let mut b0 = r0;
+        while b0 < r1 {
+            let b1 = r1.min(b0.saturating_add(rblock));
+            let mut t = t0;
+            while t < t1 {
+                if t + TOK <= t1 {
+                    let views: [Option<Act>; TOK] = core::array::from_fn(|i| buf.token(x, t + i));
+                    let Some(views) = all(views) else {
+                        return false;
+                    };
+                    ok &= rows_chunk::<K, TOK>(job, &views, t, b0, b1);
+                    t += TOK;
+                } else {
+                    let Some(view) = buf.token(x, t) else {
+                        return false;
+                    };
+                    ok &= rows_chunk::<K, 1>(job, &[view], t, b0, b1);
+                    t += 1;
+                }
+            }
+            b0 = b1;
+        }
+        t0 = t1;
+    }
+    ok
+}
+
+/// Rows `b0..b1` against the `T` tokens from `t`.
+#[inline(always)]
+fn rows_chunk<K: Kernel, const T: usize>(
+    job: &Job,
+    views: &[Act<'_>; T],
+    t: usize,
+    b0: usize,
+    b1: usize,
+) -> bool {
+    let (w, rb) = (&job.w, job.row_bytes);
+    let mut ok = true;
+    for r in b0..b1 {
+        let Some(row) = r.checked_mul(rb).and_then(|lo| w.data.get(lo..lo + rb)) else {
+            return false;
+        };
+        match K::dots::<T>(w.ty, row, views) {
+            Some(v) => {
+                for (i, v) in v.into_iter().enumerate() {
+                    ok &= job.out.put((t + i) * w.rows + r, v);
+                }
+            }
+            None => return false,
+        }
+    }
+    ok
+}
+
+fn all<T: Copy, const N: usize>(a: [Option<T>; N]) -> Option<[T; N]> {
+    if a.iter().any(Option::is_none) {
+        return None;
+    }
+    let first = a.iter().flatten().next().copied()?;
+    Some(core::array::from_fn(|i| {
+        a.get(i).copied().flatten().unwrap_or(first)
+    }))
+}
