@@ -106,7 +106,7 @@ impl PyGgufModel {
 
     #[getter]
     fn architecture(&self) -> String {
-        read(&self.model).config().arch.clone()
+        read(&self.model).config().arch.name().to_owned()
     }
 
     #[getter]
@@ -122,7 +122,7 @@ impl PyGgufModel {
     /// `(window or None, n_kv_heads, head_dim)` per layer: the cache layout.
     fn layers(&self) -> PyResult<Vec<(Option<usize>, usize, usize)>> {
         let m = read(&self.model);
-        let cfg = m.cache_config(1, KvDtype::F32, KvDtype::F32).py_engine()?;
+        let cfg = m.cache_config(1, KvDtype::Float32, KvDtype::Float32).py_engine()?;
         let n = cfg.n_layers;
         Ok((0..n)
             .filter_map(|i| cfg.layers.get(if cfg.layers.len() == 1 { 0 } else { i }))

@@ -50,7 +50,7 @@ fn parse() -> Result<Args, String> {
         tg: 128,
         reps: 3,
         ubatch: 512,
-        kv_dtype: KvDtype::F32,
+        kv_dtype: KvDtype::Float32,
     };
     while let Some(arg) = it.next() {
         let mut val = |flag: &str| it.next().ok_or_else(|| format!("{flag}: expected a value"));
