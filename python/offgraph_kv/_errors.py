@@ -59,6 +59,11 @@ class SnapshotError(CacheError, ValueError):
     """A snapshot that cannot be loaded: truncated, damaged, foreign, newer, or not continuing."""
 
 
+class EngineError(CacheError, ValueError):
+    """The native engine cannot run a file: not a well-formed GGUF (truncated, a hostile header),
+    an unsupported architecture, tensor type or tokenizer, or a model missing what it needs."""
+
+
 __all__ = [
     "CacheError",
     "ConfigError",
@@ -72,4 +77,5 @@ __all__ = [
     "UnknownSequenceError",
     "BackendError",
     "SnapshotError",
+    "EngineError",
 ]

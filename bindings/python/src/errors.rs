@@ -23,6 +23,7 @@ pub enum ErrorClass {
     UnknownSequence,
     Backend,
     Snapshot,
+    Engine,
 }
 
 impl ErrorClass {
@@ -40,6 +41,7 @@ impl ErrorClass {
             ErrorClass::UnknownSequence => "UnknownSequenceError",
             ErrorClass::Backend => "BackendError",
             ErrorClass::Snapshot => "SnapshotError",
+            ErrorClass::Engine => "EngineError",
         }
     }
 

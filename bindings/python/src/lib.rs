@@ -6,6 +6,7 @@ mod args;
 mod attention;
 mod cell;
 mod config;
+mod engine;
 mod errors;
 mod faces;
 mod pools;
@@ -51,6 +52,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(window::ring_keep, m)?)?;
     m.add_function(wrap_pyfunction!(window::first_visible, m)?)?;
     m.add_function(wrap_pyfunction!(window::cells_for_forks, m)?)?;
+    m.add_class::<engine::PyGgufModel>()?;
+    m.add_class::<engine::PyGgufTokenizer>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

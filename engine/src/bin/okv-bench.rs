@@ -1,0 +1,199 @@
+//! okv-bench: prompt processing and generation rates of a GGUF model on the
+//! native engine, in the shape of llama.cpp's `llama-bench` (`pp N`, `tg N`,
+//! each at a depth of context already held), so the two can be run side by
+//! side on the same file (benches/bench_engine.py does).
+//!
+//! ```text
+//! okv-bench model.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128]
+//!                      [--reps 3] [--ubatch 512] [--kv-dtype float32]
+//! ```
+//! One JSON object per line on stdout: each test's rates per repetition and
+//! their median, then the process's peak resident memory, the file's size and
+//! the pools' bytes.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use offgraph_kv::{KvDtype, SeqId};
+use offgraph_kv_engine::Model;
+
+struct Args {
+    path: String,
+    threads: Vec<usize>,
+    depths: Vec<usize>,
+    pp: usize,
+    tg: usize,
+    reps: usize,
+    ubatch: usize,
+    kv_dtype: KvDtype,
+}
+
+const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128] [--reps 3] [--ubatch 512] [--kv-dtype float32]";
+
+fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
+    v.split(',')
+        .map(|x| x.trim().parse::<usize>().map_err(|_| format!("{flag}: expected numbers separated by commas, got {v:?}")))
+        .collect()
+}
+
+fn one(v: &str, flag: &str) -> Result<usize, String> {
+    v.parse::<usize>().map_err(|_| format!("{flag}: expected a number, got {v:?}"))
+}
+
+fn parse() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        path: String::new(),
+        threads: vec![std::thread::available_parallelism().map_or(1, |n| n.get())],
+        depths: vec![0],
+        pp: 512,
+        tg: 128,
+        reps: 3,
+        ubatch: 512,
+        kv_dtype: KvDtype::Float32,
+    };
+    while let Some(arg) = it.next() {
+        let mut val = |flag: &str| it.next().ok_or_else(|| format!("{flag}: expected a value"));
+        match arg.as_str() {
+            "--threads" | "-t" => a.threads = list(&val("--threads")?, "--threads")?,
+            "--depth" | "-d" => a.depths = list(&val("--depth")?, "--depth")?,
+            "--pp" | "-p" => a.pp = one(&val("--pp")?, "--pp")?,
+            "--tg" | "-n" => a.tg = one(&val("--tg")?, "--tg")?,
+            "--reps" | "-r" => a.reps = one(&val("--reps")?, "--reps")?,
+            "--ubatch" | "-ub" => a.ubatch = one(&val("--ubatch")?, "--ubatch")?,
+            "--kv-dtype" => {
+                a.kv_dtype = KvDtype::parse(&val("--kv-dtype")?).map_err(|e| e.to_string())?
+            }
+            "-h" | "--help" => return Err(String::new()),
+            s if s.starts_with('-') => return Err(format!("unknown flag {s:?}")),
+            s if a.path.is_empty() => a.path = s.to_owned(),
+            s => return Err(format!("one model file expected, got a second: {s:?}")),
+        }
+    }
+    if a.path.is_empty() {
+        return Err("no model file given".into());
+    }
+    if a.threads.contains(&0) || a.reps == 0 || a.ubatch == 0 || (a.pp == 0 && a.tg == 0) {
+        return Err("--threads, --reps and --ubatch must be >= 1, and one of --pp/--tg".into());
+    }
+    Ok(a)
+}
+
+/// Random-looking token ids below `vocab` (llama-bench feeds random tokens too).
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Skip the first ids (special tokens), stay below the vocab.
+            (100 + x % (vocab.saturating_sub(100).max(1) as u64)) as u32
+        })
+        .collect()
+}
+
+/// Prefills `ids` at positions `p0..` of `seq` in chunks of `ubatch`, logits for the last row only.
+fn prefill(
+    m: &Model,
+    kc: &mut offgraph_kv::KvCellCache,
+    seq: SeqId,
+    ids: &[u32],
+    p0: usize,
+    ubatch: usize,
+) -> offgraph_kv_engine::Result<()> {
+    for (c, part) in ids.chunks(ubatch).enumerate() {
+        let start = p0 + c * ubatch;
+        let pos: Vec<usize> = (start..start + part.len()).collect();
+        let seqs = vec![seq; part.len()];
+        m.forward(kc, part, &seqs, &pos, &[part.len() - 1])?;
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
+    let mut model = Model::open(&a.path)?;
+    let vocab = model.config().vocab;
+    let max_depth = a.depths.iter().copied().max().unwrap_or(0);
+    let n_cells = max_depth + a.pp.max(a.tg) + 1;
+    let step = a.ubatch.min(a.pp.max(1)).max(1);
+    let mut kc = model.new_cache(n_cells, 4, step, a.kv_dtype, a.kv_dtype)?;
+    let mut pool_bytes = 0usize;
+    for &threads in &a.threads {
+        model.set_threads(threads);
+        for &depth in &a.depths {
+            kc.clear();
+            let seq = kc.cells_mut().seq_new()?;
+            prefill(&model, &mut kc, seq, &tokens(depth, vocab, 7), 0, step)?;
+            for (test, n) in [("pp", a.pp), ("tg", a.tg)] {
+                if n == 0 {
+                    continue;
+                }
+                let mut rates = Vec::with_capacity(a.reps);
+                for rep in 0..a.reps {
+                    let ids = tokens(n, vocab, 11 + rep as u64);
+                    let t0 = Instant::now();
+                    if test == "pp" {
+                        prefill(&model, &mut kc, seq, &ids, depth, step)?;
+                    } else {
+                        for (i, &id) in ids.iter().enumerate() {
+                            model.forward(&mut kc, &[id], &[seq], &[depth + i], &[0])?;
+                        }
+                    }
+                    rates.push(n as f64 / t0.elapsed().as_secs_f64());
+                    pool_bytes = pool_bytes.max(kc.nbytes_total());
+                    kc.cells_mut().seq_rm(seq, depth, None)?;
+                }
+                let each: Vec<String> = rates.iter().map(|r| format!("{r:.3}")).collect();
+                let med = median(&mut rates);
+                println!(
+                    "{{\"test\": \"{test}{n}\", \"depth\": {depth}, \"threads\": {threads}, \"kv_dtype\": \"{}\", \"tokens_per_s\": [{}], \"median\": {med:.3}}}",
+                    a.kv_dtype.name(),
+                    each.join(", ")
+                );
+            }
+        }
+    }
+    let file = std::fs::metadata(&a.path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{{\"peak_rss_kib\": {}, \"file_bytes\": {file}, \"pool_bytes\": {pool_bytes}, \"pool_reserved_bytes\": {}}}",
+        peak_rss_kib().unwrap_or(0),
+        kc.reserved_bytes()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("okv-bench: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("okv-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
