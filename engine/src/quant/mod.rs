@@ -32,6 +32,8 @@ mod isa;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni_k;
 
 pub use dequant::dequantize_row;
 pub use f16::{bf16_to_f32, f16_to_f32};

@@ -1,6 +1,6 @@
-//! AVX-512 VNNI dots for the 32-value block types, several rows per pass
-//! (the K and float types run the AVX2 kernels, compiled here with the wider
-//! feature set).
+//! AVX-512 VNNI dots for the 32-value block types, several rows per pass;
+//! Q4_K and Q6_K are in `vnni_k`; Q5_1, Q5_K, Q8_K and the float types run
+//! the AVX2 kernels, compiled here with the wider feature set.
 //!
 //! `vpdpbusd` multiplies unsigned weight bytes by signed activation bytes
 //! and adds groups of four straight into int32 lanes, so there is no int16
@@ -52,6 +52,17 @@ impl Kernel for Vnni {
                 GgmlType::Q4_1 if R <= 4 => q32::<R, T, 1>(rows, a, cols),
                 GgmlType::Q5_0 if R <= 4 => q32::<R, T, 2>(rows, a, cols),
                 GgmlType::Q8_0 if R <= 4 => q32::<R, T, 4>(rows, a, cols),
+                GgmlType::Q4_K | GgmlType::Q6_K => {
+                    let mut out = [[0f32; T]; R];
+                    for (o, row) in out.iter_mut().zip(rows) {
+                        *o = if ty == GgmlType::Q4_K {
+                            super::vnni_k::q4k::<T>(row, a, cols)
+                        } else {
+                            super::vnni_k::q6k::<T>(row, a, cols)
+                        };
+                    }
+                    out
+                }
                 _ => {
                     let mut out = [[0f32; T]; R];
                     for (o, row) in out.iter_mut().zip(rows) {
