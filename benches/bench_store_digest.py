@@ -16,7 +16,7 @@ import statistics
 import time
 
 import torch
-from offgraph_kv.store_identity import weights_digest
+from offgraph_kv.store.identity import weights_digest
 
 
 class Tensors(torch.nn.Module):

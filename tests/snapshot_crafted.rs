@@ -409,3 +409,74 @@ fn every_header_and_state_field_crafted_is_refused_unchanged() {
     }
     to.load_seq(&blob).unwrap();
 }
+
+/// A cell sequence of `n` positions written in steps of 4.
+fn cell_seq(c: &CacheConfig, n_cells: usize, n: usize) -> Vec<u8> {
+    let mut src = KvCellCache::new(c.clone(), n_cells, 4).unwrap();
+    let s = src.cells_mut().seq_new().unwrap();
+    for p in (0..n).step_by(4) {
+        let pos: Vec<usize> = (p..p + 4).collect();
+        src.begin_step(&[s; 4], &pos).unwrap();
+        for l in 0..c.n_layers {
+            src.update(l, &rows(l, p, 4, false), &rows(l, p, 4, true))
+                .unwrap();
+        }
+    }
+    src.save_seq(s, None).unwrap()
+}
+
+#[test]
+fn an_intact_cell_snapshot_larger_than_the_cache_is_no_room_not_damage() {
+    // A prefix store keys cell values by layout, not by cell count: a value a
+    // larger cache saved is intact, and a smaller cache refuses it for room
+    // (the store keeps it), not as damage (the store would delete it).
+    let mixed = cfg(
+        &[LayerPolicy::Flat, LayerPolicy::Ring { window: 8 }],
+        64,
+        4,
+        KvDtype::Float32,
+    );
+    let ring = cfg(&[LayerPolicy::Ring { window: 8 }], 64, 4, KvDtype::Float32);
+    // 20 held positions into 12 cells; 7 ring rows into 5 cells.
+    for (c, n, small) in [(&mixed, 20, 12), (&ring, 20, 5)] {
+        let blob = cell_seq(c, 40, n);
+        let mut to = KvCellCache::new(c.clone(), small, 4).unwrap();
+        let before = cell_state(&to);
+        match to.load_seq(&blob) {
+            Err(CacheError::OutOfCapacity(_)) => {}
+            other => panic!("expected OutOfCapacity, got {other:?}"),
+        }
+        assert!(
+            cell_state(&to) == before,
+            "a refused load_seq changed the cache"
+        );
+        KvCellCache::new(c.clone(), 40, 4)
+            .unwrap()
+            .load_seq(&blob)
+            .unwrap();
+    }
+    // Ring positions shifted off the held tail are damage, whatever the room.
+    let blob = cell_seq(&mixed, 40, 20);
+    let state_at = HEADER + 2 * LAYER_PRINT;
+    let ring_n_at = state_at + 4 + 16;
+    let n_ring = u32::from_le_bytes(blob[ring_n_at..ring_n_at + 4].try_into().unwrap()) as usize;
+    let mut d = blob[..blob.len() - 4].to_vec();
+    for i in 0..n_ring {
+        let at = ring_n_at + 4 + 8 * i;
+        let p = u64::from_le_bytes(d[at..at + 8].try_into().unwrap());
+        d[at..at + 8].copy_from_slice(&(p - 5).to_le_bytes());
+    }
+    let shifted = with_crc(d);
+    for small in [5, 40] {
+        let mut to = KvCellCache::new(mixed.clone(), small, 4).unwrap();
+        let before = cell_state(&to);
+        match to.load_seq(&shifted) {
+            Err(CacheError::Snapshot(m)) => assert!(m.contains("not the held tail"), "{m}"),
+            other => panic!("expected a Snapshot error, got {other:?}"),
+        }
+        assert!(
+            cell_state(&to) == before,
+            "a refused load_seq changed the cache"
+        );
+    }
+}

@@ -84,7 +84,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 from . import _native as _okv
 from ._errors import CacheError, CapacityError, InvalidArgumentError
 from .prefix_index import PrefixIndex
-from .store_cells import GeneratorStore
+from .store.cells import GeneratorStore
 
 __all__ = ["CELL_ATTN_NAME", "BatchGenerator", "cell_attention", "register_cell_attention"]
 

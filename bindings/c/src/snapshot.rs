@@ -235,11 +235,11 @@ pub unsafe extern "C" fn okv_kv_cell_cache_save_seq(
 /// sequence; `*out_seq` gets its id. All or nothing.
 ///
 /// Statuses: `OKV_ERR_SNAPSHOT` for data that is truncated, damaged, foreign
-/// (another layout or dtype, a sequence-cache snapshot), of a newer format, or
-/// claiming more positions than this cache has cells;
-/// `OKV_ERR_OUT_OF_CAPACITY` when the free cells or sequence ids do not
-/// suffice; `OKV_ERR_INVALID_ARGUMENT` when `data` overlaps the pools. On a
-/// refusal the cache's state is unchanged and `*out_seq` is not written.
+/// (another layout or dtype, a sequence-cache snapshot) or of a newer format;
+/// `OKV_ERR_OUT_OF_CAPACITY` when the free cells (fewer than the sequence
+/// holds, or than this cache has at all) or sequence ids do not suffice;
+/// `OKV_ERR_INVALID_ARGUMENT` when `data` overlaps the pools. On a refusal the
+/// cache's state is unchanged and `*out_seq` is not written.
 #[no_mangle]
 pub unsafe extern "C" fn okv_kv_cell_cache_load_seq(
     cache: *mut okv_kv_cell_cache,

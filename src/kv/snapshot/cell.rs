@@ -221,12 +221,10 @@ impl KvCellCache {
         let cells = self.cells();
         let (held, held_count, ring) = parse_positions(r)?;
         let next = held.last().map_or(0, |h| h.1);
-        let n_cells = cells.capacity();
-        if cells.full_table().is_some() && held_count > n_cells {
-            return Err(snap_err(format!(
-                "{held_count} held positions, this cache has {n_cells} cells"
-            )));
-        }
+        // Only what the data says of itself is checked here (a refusal is a
+        // Snapshot error: damaged). Whether this cache has the cells for it is
+        // `load_seq`'s room check (OutOfCapacity: an intact snapshot from a
+        // larger cache is no room here, not damage).
         match cells.ring_table() {
             None if !ring.is_empty() => {
                 return Err(snap_err(
@@ -235,7 +233,7 @@ impl KvCellCache {
             }
             None => {}
             Some(_) => {
-                let keep = cells.ring_keep().unwrap_or(0).min(n_cells);
+                let keep = cells.ring_keep().unwrap_or(0);
                 let lo = next.saturating_sub(cells.ring_window().saturating_sub(1));
                 let first = ring.first().copied().unwrap_or(next);
                 // The ring rows are the top of the held positions (a suffix)

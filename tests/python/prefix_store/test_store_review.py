@@ -10,8 +10,8 @@ import pytest
 import torch
 from offgraph_kv.hf import OffgraphCache
 from offgraph_kv.store import MemoryBackend, PrefixStore, StoreWarning
-from offgraph_kv.store_format import KIND_SEQ, encode_value
-from offgraph_kv.store_identity import weights_digest
+from offgraph_kv.store.format import KIND_SEQ, encode_value
+from offgraph_kv.store.identity import weights_digest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .test_store_prefix import CHUNK, config, decode, decode_ref, prefill, prompt

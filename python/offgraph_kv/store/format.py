@@ -54,6 +54,12 @@ def encode_value(
     return b"".join([body, struct.pack("<I", zlib.crc32(body)), *snaps])
 
 
+def claims_complete(value: bytes | memoryview) -> bool:
+    """Whether a value's flags byte says every snapshot is complete (the store checks the
+    claim against the snapshots on load: a ``save`` trusts it)."""
+    return len(value) >= HEAD_BYTES and bool(value[10] & FLAG_COMPLETE)
+
+
 def head_complete(head: bytes) -> bool | None:
     """From a value's first ``HEAD_BYTES``: whether it is a complete chunk of this version
     (``None``: not a value this build writes, to be replaced)."""
@@ -136,5 +142,38 @@ def check_snapshot(snap: memoryview, layout: bytes, kind: int, start: int, end: 
     for i, f in enumerate(froms):
         policy, window = struct.unpack_from("<BQ", snap, _SNAP_HEADER + _LAYER_PRINT * i)
         need = start if policy == 0 else max(start, end - (window - 1))
+        if f < need:
+            # No save writes a ring layer below its window's tail; the core refuses one
+            # carrying more than its slots, so such a value is damage, never a shorter chain.
+            return f"layer {i} carries positions from {f}, below the {need} its window needs"
         complete = complete and f == need
     return complete
+
+
+def check_value(
+    value: object,
+    kind: int,
+    start: int,
+    end: int,
+    tokens: Sequence[int],
+    layouts: Sequence[bytes],
+) -> tuple[list[memoryview], bool] | str:
+    """A backend's ``value`` for the chunk ``[start, end)`` holding ``tokens``, for caches of
+    ``layouts`` (one per layer cache): ``(snapshots, complete)``, or why it is not that chunk's
+    (anything else than bytes, a header, range, token, layout or range mismatch, a flags byte
+    claiming complete over incomplete snapshots). The rows' checksums are the core's to check."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        return f"the backend returned {type(value).__name__}, not bytes"
+    snaps = decode_value(value, kind, start, end, tokens_bytes(tokens), len(layouts))
+    if isinstance(snaps, str):
+        return snaps
+    complete = True
+    for i, (snap, lay) in enumerate(zip(snaps, layouts)):
+        ok = check_snapshot(snap, lay, kind, start, end)
+        if isinstance(ok, str):
+            return f"layer cache {i}: {ok}"
+        complete = complete and ok
+    if claims_complete(value) and not complete:
+        # A save reads only the flags: a lie there would never be replaced.
+        return "its flags claim complete, its snapshots are not"
+    return snaps, complete

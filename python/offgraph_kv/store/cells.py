@@ -7,8 +7,10 @@ So a load is one value and one ``load_seq``, and a prompt of ``n`` chunks stores
 ``n (n + 1) / 2`` chunks' rows: the cost of having no range start for cell snapshots. Keys chain
 like the sequence store's, over a root that names the cell layout, so cell and sequence values
 never share a key. A value is accepted only if its tokens, kind, layout and held range
-(exactly ``[0, end)``) are its key's; a damaged one is deleted; a refusal for room
-(``CapacityError``) is a miss.
+(exactly ``[0, end)``) are its key's. One the core refuses for its contents (``SnapshotError``:
+a checksum, ring positions that are not the held tail) is deleted and the next shorter prefix
+tried; a refusal for room (``CapacityError``: fewer free cells than the sequence holds, every
+sequence id live) is a miss and the value stays, for a cache that has the room.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import _native as _okv
-from ._errors import CacheError
-from .store_format import KIND_CELL, encode_value, layout_of
+from .. import _native as _okv
+from .._errors import CacheError, SnapshotError
+from .chunks import ChunkStore, SaveResult
+from .format import KIND_CELL, check_value, encode_value, layout_of
 
-__all__ = ["cell_layout", "load_seq", "save_seq"]
+__all__ = ["GeneratorStore", "cell_keys", "cell_layout", "load_seq", "save_seq"]
 
 
 def cell_layout(kc: Any) -> bytes:
@@ -30,27 +33,27 @@ def cell_layout(kc: Any) -> bytes:
     return layout_of(probe.save_seq(probe.seq_new(), 0))
 
 
-def _keys(store: Any, layout: bytes, tokens: list[int]) -> list[str]:
-    return store._keys(store._root([b"cell", layout]), tokens)
+def cell_keys(store: ChunkStore, layout: bytes, tokens: Sequence[int]) -> list[str]:
+    """The keys of ``tokens``' whole chunks for cell sequences of ``layout``: a root naming
+    the cell layout, so cell and sequence values never share a key."""
+    return store.chain_keys(store.root([b"cell", layout]), tokens)
 
 
 def save_seq(
-    store: Any,
+    store: ChunkStore,
     kc: Any,
     seq: int,
     token_ids: Sequence[int],
     after: int = 0,
     layout: bytes | None = None,
-) -> Any:
+) -> SaveResult:
     """Writes the chunk prefixes of ``seq`` (which holds ``token_ids``) that end above ``after``
     and the store lacks; returns a :class:`~offgraph_kv.store.SaveResult`."""
-    from .store import SaveResult
-
     layout = cell_layout(kc) if layout is None else layout
     c = store.chunk_tokens
     tokens = [int(t) for t in token_ids]
     held = min(len(tokens), kc.seq_len(seq))
-    keys = _keys(store, layout, tokens[:held])
+    keys = cell_keys(store, layout, tokens[:held])
     first = after // c
     if first >= len(keys):
         return SaveResult(0, [], 0)
@@ -60,11 +63,11 @@ def save_seq(
         snap = kc.save_seq(seq, end)
         return encode_value(KIND_CELL, 0, end, tokens[:end], [snap], True), True
 
-    return store._write(keys[first:], build, "save_seq")
+    return store.write(keys[first:], build, "save_seq")
 
 
 def load_seq(
-    store: Any,
+    store: ChunkStore,
     kc: Any,
     token_ids: Sequence[int],
     above: int = 0,
@@ -78,33 +81,33 @@ def load_seq(
     if usable // c * c <= above:
         return None, 0
     layout = cell_layout(kc) if layout is None else layout
-    keys = _keys(store, layout, tokens[:usable])
-    stored = store._stored(keys)
+    keys = cell_keys(store, layout, tokens[:usable])
+    stored = store.stored(keys)
     for k in range(len(keys) - 1, -1, -1):
         end = (k + 1) * c
         if end <= above:
             break
         if stored[k] is None or isinstance(stored[k], BaseException):
             continue
-        (value,) = store._get([keys[k]])
+        (value,) = store.get([keys[k]])
         if value is None:
             continue
         if isinstance(value, BaseException):
-            store._warn(f"lookup of chunk {k} failed ({type(value).__name__}: {value}): a miss")
+            store.warn(f"lookup of chunk {k} failed ({type(value).__name__}: {value}): a miss")
             return None, 0
-        checked = store._check(value, KIND_CELL, 0, end, tokens[:end], [layout])
+        checked = check_value(value, KIND_CELL, 0, end, tokens[:end], [layout])
         if isinstance(checked, str):
-            store._warn(f"chunk {k} is bad ({checked}): deleted, a miss")
-            store._drop([keys[k]])
+            store.warn(f"chunk {k} is bad ({checked}): deleted, a miss")
+            store.drop([keys[k]])
             continue
         try:
             return kc.load_seq(checked[0][0]), end
-        except CacheError as e:
-            if store._damaged([checked]) is None:  # fine data this cache cannot take: no room
-                store._warn(f"load_seq of chunk {k} refused ({type(e).__name__}: {e}): a miss")
-                return None, 0
-            store._warn(f"chunk {k} is damaged ({e}): deleted, a miss")
-            store._drop([keys[k]])
+        except SnapshotError as e:  # the core refuses the contents: damage
+            store.warn(f"chunk {k} is damaged ({e}): deleted, a miss")
+            store.drop([keys[k]])
+        except CacheError as e:  # no room (CapacityError) or no sequence id: a miss, kept
+            store.warn(f"load_seq of chunk {k} refused ({type(e).__name__}: {e}): a miss")
+            return None, 0
     return None, 0
 
 
