@@ -67,7 +67,7 @@ pub(super) unsafe fn q4k<const T: usize>(row: &[u8], a: &[Act<'_>; T], cols: usi
                 let raw = _mm256_loadu_si256(qs.add(c * 32).cast());
                 let lo = _mm256_and_si256(raw, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-                let j0 = (4 * c as i16 + 1) << 8 | 4 * c as i16;
+                let j0 = ((4 * c as i16 + 1) << 8) | (4 * c as i16);
                 let s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(j0));
                 let s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(j0 + 0x0202));
                 for t in 0..T {
