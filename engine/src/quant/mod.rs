@@ -22,6 +22,8 @@
 
 mod act;
 #[cfg(target_arch = "x86_64")]
+mod act_x86;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
