@@ -124,6 +124,22 @@ fn benches(c: &mut Criterion) {
     }
     g.finish();
 
+    // The pool's own cost: one call with nothing to do, as a matvec part
+    // split pays it (about 150 calls a decoded token).
+    let mut g = c.benchmark_group("pool");
+    g.sample_size(10);
+    for threads in [1usize, 2] {
+        g.bench_function(BenchmarkId::new("empty_run", threads), |b| {
+            b.iter(|| {
+                offgraph_kv::workers::run(threads, &|p| {
+                    black_box(p);
+                })
+                .unwrap()
+            })
+        });
+    }
+    g.finish();
+
     // Batched: time per token (Throughput::Elements = tokens) falls with n.
     let mut g = c.benchmark_group("batched");
     g.sample_size(10);

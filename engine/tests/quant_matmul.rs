@@ -165,7 +165,65 @@ fn isas() -> Vec<QuantIsa> {
     if is_x86_feature_detected_avx2() {
         v.push(QuantIsa::Avx2);
     }
+    if is_x86_feature_detected_vnni() {
+        v.push(QuantIsa::Avx512Vnni);
+    }
     v
+}
+
+fn is_x86_feature_detected_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected_avx2()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The VNNI kernels compute the same integer dots as AVX2 with the same
+/// scales; only the f32 summation order differs (rows taken four at a time,
+/// offsets folded into the int32 start).
+#[test]
+fn vnni_and_avx2_agree_closely() {
+    if !is_x86_feature_detected_vnni() {
+        let e = matmul_with_isa(
+            QuantIsa::Avx512Vnni,
+            &QMatrix::new(GgmlType::F32, 1, 8, &[0; 32]).unwrap(),
+            &[0.0; 8],
+            1,
+            &mut [0.0],
+            1,
+        );
+        assert!(matches!(e, Err(EngineError::Unsupported(_))));
+        return;
+    }
+    let mut checked = 0usize;
+    // 37 rows: groups of four plus a tail of one; n 1 takes the multi-row pass.
+    for (rows, cols) in [(37usize, 768usize), (9, 256)] {
+        for (i, ty) in ALL.into_iter().enumerate() {
+            let data = weight(ty, rows, cols, 900 + i as u64);
+            let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+            for n in [1usize, 5] {
+                let x = input(n, cols, 13);
+                let (mut v, mut a) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                matmul_with_isa(QuantIsa::Avx512Vnni, &w, &x, n, &mut v, 1).unwrap();
+                matmul_with_isa(QuantIsa::Avx2, &w, &x, n, &mut a, 1).unwrap();
+                let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+                for (k, (v, a)) in v.iter().zip(&a).enumerate() {
+                    assert!(
+                        (v - a).abs() <= 2e-5 * scale,
+                        "{ty:?} {rows}x{cols} n={n} [{k}]: vnni {v} avx2 {a}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    println!("{checked} vnni outputs agree with avx2");
 }
 
 fn is_x86_feature_detected_avx2() -> bool {

@@ -47,7 +47,12 @@ impl Kernel for Avx2 {
 }
 
 /// The one bounds check the kernels rely on.
-fn check<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T], cols: usize) -> Option<()> {
+pub(super) fn check<const T: usize>(
+    ty: GgmlType,
+    row: &[u8],
+    a: &[Act<'_>; T],
+    cols: usize,
+) -> Option<()> {
     if ty.row_bytes(cols as u64).ok()? != row.len() as u64 {
         return None;
     }

@@ -48,9 +48,27 @@ impl Out {
     }
 }
 
+/// Rows taken together by a matvec pass (single-token chunks): kernels that
+/// override [`Kernel::dots_rows`] then run this many FMA chains at once.
+const ROWS: usize = 4;
+
 /// One stored row against `T` tokens' activations.
 pub(super) trait Kernel {
     fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]>;
+
+    /// `R` rows against the same tokens; by default one row at a time.
+    #[inline(always)]
+    fn dots_rows<const R: usize, const T: usize>(
+        ty: GgmlType,
+        rows: &[&[u8]; R],
+        a: &[Act<'_>; T],
+    ) -> Option<[[f32; T]; R]> {
+        let mut out = [[0f32; T]; R];
+        for (o, row) in out.iter_mut().zip(rows) {
+            *o = Self::dots::<T>(ty, row, a)?;
+        }
+        Some(out)
+    }
 }
 
 struct Portable;
@@ -222,7 +240,18 @@ fn rows(path: Path, job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r1:
         // SAFETY: `isa::select` returned Avx2 only after detecting avx2, fma and f16c.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { compute_avx2(job, buf, x, n, r0, r1) },
+        // SAFETY: `isa::select` returned Vnni only after detecting avx2, fma,
+        // f16c, avx512f/bw/vl and avx512vnni.
+        #[cfg(target_arch = "x86_64")]
+        Path::Vnni => unsafe { compute_vnni(job, buf, x, n, r0, r1) },
     }
+}
+
+/// [`compute`] compiled with AVX-512 VNNI (and AVX2's set).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn compute_vnni(job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r1: usize) -> bool {
+    compute::<super::vnni::Vnni>(job, buf, x, n, r0, r1)
 }
 
 /// [`compute`] compiled with AVX2, so the kernels inline into its loops.
@@ -287,8 +316,26 @@ fn rows_chunk<K: Kernel, const T: usize>(
 ) -> bool {
     let (w, rb) = (&job.w, job.row_bytes);
     let mut ok = true;
-    for r in b0..b1 {
-        let Some(row) = r.checked_mul(rb).and_then(|lo| w.data.get(lo..lo + rb)) else {
+    let row = |r: usize| r.checked_mul(rb).and_then(|lo| w.data.get(lo..lo + rb));
+    let mut r = b0;
+    // One token: several rows per pass (independent accumulators).
+    while T == 1 && r + ROWS <= b1 {
+        let rs: [Option<&[u8]>; ROWS] = core::array::from_fn(|i| row(r + i));
+        let Some(rs) = all(rs) else {
+            return false;
+        };
+        let Some(v) = K::dots_rows::<ROWS, T>(w.ty, &rs, views) else {
+            return false;
+        };
+        for (i, v) in v.into_iter().enumerate() {
+            for (j, v) in v.into_iter().enumerate() {
+                ok &= job.out.put((t + j) * w.rows + r + i, v);
+            }
+        }
+        r += ROWS;
+    }
+    for r in r..b1 {
+        let Some(row) = row(r) else {
             return false;
         };
         match K::dots::<T>(w.ty, row, views) {

@@ -16,10 +16,13 @@
 //! activation block, 32 values or 256 for the K types) plus f32 summation
 //! rounding; float weights (F32, F16, BF16) only have the rounding.
 //!
-//! The dots run on AVX2 when the CPU has it (detected once, `isa`), else the
-//! portable integer code; `*_with_isa` forces either (tests, benches).
+//! The dots run on AVX-512 VNNI when the CPU has it (detected once, `isa`),
+//! else AVX2, else the portable integer code; `*_with_isa` forces one (tests,
+//! benches).
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod act_x86;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -29,6 +32,10 @@ mod driver;
 mod f16;
 mod isa;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni_k;
 
 pub use dequant::dequantize_row;
 pub use f16::{bf16_to_f32, f16_to_f32};
