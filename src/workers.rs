@@ -1,7 +1,8 @@
 //! A persistent pool of worker threads (attention, and the engine's matmuls): started the first time a
 //! call asks for more threads than the pool holds, then reused, so a
-//! multi-thread call pays a wake-up and a join (a condition variable each),
-//! not a thread start.
+//! multi-thread call pays a wake-up and a join, not a thread start. Both
+//! sides poll briefly before sleeping on a condition variable ([`SPIN`]), so
+//! calls in quick succession (a decode step's matmuls) pay no futex round trip.
 //!
 //! One call at a time owns the pool; a call that finds it busy (another
 //! thread attending concurrently) runs on scoped threads instead, as before.
@@ -17,8 +18,31 @@
 //! reused by a later descendant, and a raw `clone` runs no fork handler.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+/// How long a worker polls for the next job, and a caller for its workers,
+/// before sleeping on the condition variable. A decode step makes ~100 pool
+/// calls a few microseconds apart; a futex round trip per call (4-6 us)
+/// made two threads slower than one. Short, since the machine may be shared.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Polls `done` until it holds or [`SPIN`] has passed; whether it held.
+fn spin_until(done: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= SPIN {
+            return done();
+        }
+    }
+}
 
 /// The job of one call, its lifetime erased (see [`Pool::run`]).
 #[derive(Clone, Copy)]
@@ -41,6 +65,10 @@ struct Shared {
     slot: Mutex<Slot>,
     work: Condvar,
     done: Condvar,
+    /// Copies of `slot.epoch` and `slot.pending`, written under the lock,
+    /// read without it by the spinning waits (the lock decides).
+    epoch: AtomicU64,
+    pending: AtomicUsize,
 }
 
 /// The pool: its worker count, behind the lock that makes one call its owner.
@@ -122,6 +150,7 @@ fn pool() -> &'static Pool {
 
 fn worker(shared: Arc<Shared>, idx: usize, mut seen: u64) {
     loop {
+        spin_until(|| shared.epoch.load(Ordering::Acquire) != seen);
         let job = {
             let mut s = lock(&shared.slot);
             while s.epoch == seen {
@@ -140,6 +169,7 @@ fn worker(shared: Arc<Shared>, idx: usize, mut seen: u64) {
         let mut s = lock(&shared.slot);
         s.panicked |= !ok;
         s.pending = s.pending.saturating_sub(1);
+        shared.pending.store(s.pending, Ordering::Release);
         if s.pending == 0 {
             shared.done.notify_all();
         }
@@ -152,6 +182,7 @@ struct Join<'a>(&'a Shared);
 
 impl Join<'_> {
     fn wait(&self) -> bool {
+        spin_until(|| self.0.pending.load(Ordering::Acquire) == 0);
         let mut s = lock(&self.0.slot);
         while s.pending > 0 {
             s = self.0.done.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -207,6 +238,8 @@ pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<(), ()> {
         s.parts = want;
         s.pending = want;
         s.panicked = false;
+        p.shared.pending.store(want, Ordering::Release);
+        p.shared.epoch.store(s.epoch, Ordering::Release);
     }
     p.shared.work.notify_all();
     let join = Join(&p.shared);

@@ -47,7 +47,10 @@ fn read(m: &Shared) -> RwLockReadGuard<'_, Model> {
 fn ids_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     index_list(obj, what)?
         .into_iter()
-        .map(|v| u32::try_from(v).map_err(|_| invalid_arg(format!("{what}: token id {v} is out of range"))))
+        .map(|v| {
+            u32::try_from(v)
+                .map_err(|_| invalid_arg(format!("{what}: token id {v} is out of range")))
+        })
         .collect()
 }
 
@@ -72,7 +75,11 @@ pub struct PyGgufModel {
 impl PyGgufModel {
     #[new]
     #[pyo3(signature = (path, threads=None))]
-    fn new(py: Python<'_>, path: std::path::PathBuf, threads: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        threads: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let threads = match threads.filter(|t| !t.is_none()) {
             Some(t) => Some(index(t, "threads")?),
             None => None,
@@ -100,7 +107,10 @@ impl PyGgufModel {
         if n == 0 {
             return Err(invalid_arg("threads must be >= 1, got 0"));
         }
-        self.model.write().unwrap_or_else(|e| e.into_inner()).set_threads(n);
+        self.model
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_threads(n);
         Ok(())
     }
 
@@ -122,7 +132,9 @@ impl PyGgufModel {
     /// `(window or None, n_kv_heads, head_dim)` per layer: the cache layout.
     fn layers(&self) -> PyResult<Vec<(Option<usize>, usize, usize)>> {
         let m = read(&self.model);
-        let cfg = m.cache_config(1, KvDtype::Float32, KvDtype::Float32).py_engine()?;
+        let cfg = m
+            .cache_config(1, KvDtype::Float32, KvDtype::Float32)
+            .py_engine()?;
         let n = cfg.n_layers;
         Ok((0..n)
             .filter_map(|i| cfg.layers.get(if cfg.layers.len() == 1 { 0 } else { i }))
@@ -161,13 +173,14 @@ impl PyGgufModel {
         let model = Arc::clone(&self.model);
         let mut cache = borrow_mut(kc.as_super(), "forward_cells")?;
         let kv = cache.inner.kv_mut("KvCellCache")?;
-        let (n, vocab, data) = py.detach(|| {
-            let m = read(&model);
-            let vocab = m.config().vocab;
-            m.forward_open_step(kv, &tokens, &positions, &rows)
-                .map(|d| (rows.len(), vocab, d))
-        })
-        .py_engine()?;
+        let (n, vocab, data) = py
+            .detach(|| {
+                let m = read(&model);
+                let vocab = m.config().vocab;
+                m.forward_open_step(kv, &tokens, &positions, &rows)
+                    .map(|d| (rows.len(), vocab, d))
+            })
+            .py_engine()?;
         drop(cache);
         logits_array(py, n, vocab, data)
     }
@@ -238,7 +251,11 @@ impl PyGgufTokenizer {
     }
 
     /// A token's raw bytes (a streaming decoder joins them, then decodes UTF-8).
-    fn token_bytes<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    fn token_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let id = ids_of(&pyo3::types::PyList::new(py, [id])?.into_any(), "id")?;
         let b = read(&self.model)
             .tokenizer()
@@ -277,6 +294,9 @@ impl PyGgufTokenizer {
 
     #[getter]
     fn chat_template(&self) -> Option<String> {
-        read(&self.model).tokenizer().chat_template().map(str::to_owned)
+        read(&self.model)
+            .tokenizer()
+            .chat_template()
+            .map(str::to_owned)
     }
 }

@@ -32,12 +32,17 @@ const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
     v.split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|_| format!("{flag}: expected numbers separated by commas, got {v:?}")))
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{flag}: expected numbers separated by commas, got {v:?}"))
+        })
         .collect()
 }
 
 fn one(v: &str, flag: &str) -> Result<usize, String> {
-    v.parse::<usize>().map_err(|_| format!("{flag}: expected a number, got {v:?}"))
+    v.parse::<usize>()
+        .map_err(|_| format!("{flag}: expected a number, got {v:?}"))
 }
 
 fn parse() -> Result<Args, String> {
