@@ -250,8 +250,10 @@ class OffgraphLayer(CacheLayerMixin):
         if self.kv is not None:
             self.kv.clear()
 
-    def activate_past_recording(self) -> None:
-        """Always on: a ring keeps ``window + max_step - 1`` rows; crops within max_step work."""
+    def activate_past_recording(self, **kwargs: Any) -> None:
+        """Always on: a ring keeps ``window + max_step - 1`` rows; crops within max_step work.
+        Keywords (newer transformers pass ``recurrent_states_to_keep``, for linear-attention
+        layers' states) are accepted and ignored: these layers keep no recurrent state."""
 
     def check_crop(self, tokens_to_remove: int) -> None:
         """Raise what :meth:`crop` would raise, changing nothing."""
