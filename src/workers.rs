@@ -1,7 +1,7 @@
 //! A persistent pool of worker threads (attention, and the engine's matmuls): started the first time a
 //! call asks for more threads than the pool holds, then reused, so a
 //! multi-thread call pays a wake-up and a join, not a thread start. Both
-//! sides poll briefly before sleeping on a condition variable ([`SPIN`]), so
+//! sides poll briefly before sleeping on a condition variable (`SPIN`), so
 //! calls in quick succession (a decode step's matmuls) pay no futex round trip.
 //!
 //! One call at a time owns the pool; a call that finds it busy (another
