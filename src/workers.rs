@@ -96,8 +96,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(unix)]
 extern "C" fn forked_child() {
-    // Async-signal-safe: one atomic add.
-    FORKS.fetch_add(1, Ordering::SeqCst);
+    // Async-signal-safe: one atomic add (catch_unwind, as at every C-called
+    // function, costs nothing unless a panic happens, and none can here).
+    let _ = std::panic::catch_unwind(|| FORKS.fetch_add(1, Ordering::SeqCst));
 }
 
 /// Registers the fork handler once per process (inherited by children).
