@@ -6,6 +6,7 @@
 
 use super::act::{Act, ActBuf, ActKind};
 use super::isa::Path;
+use super::kernel::Kernel;
 use super::portable;
 use super::QMatrix;
 use crate::error::{EngineError, Result};
@@ -51,25 +52,6 @@ impl Out {
 /// Rows taken together by a matvec pass (single-token chunks): kernels that
 /// override [`Kernel::dots_rows`] then run this many FMA chains at once.
 const ROWS: usize = 4;
-
-/// One stored row against `T` tokens' activations.
-pub(super) trait Kernel {
-    fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]>;
-
-    /// `R` rows against the same tokens; by default one row at a time.
-    #[inline(always)]
-    fn dots_rows<const R: usize, const T: usize>(
-        ty: GgmlType,
-        rows: &[&[u8]; R],
-        a: &[Act<'_>; T],
-    ) -> Option<[[f32; T]; R]> {
-        let mut out = [[0f32; T]; R];
-        for (o, row) in out.iter_mut().zip(rows) {
-            *o = Self::dots::<T>(ty, row, a)?;
-        }
-        Some(out)
-    }
-}
 
 struct Portable;
 

@@ -31,7 +31,10 @@ mod dequant;
 mod driver;
 mod f16;
 mod isa;
+mod kernel;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]

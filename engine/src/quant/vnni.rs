@@ -18,8 +18,9 @@
 //! avx512vnni.
 
 use super::act::Act;
-use super::avx2::{check, hsum, Avx2};
-use super::driver::Kernel;
+use super::avx2::Avx2;
+use super::kernel::Kernel;
+use super::simd::{check, hsum};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 

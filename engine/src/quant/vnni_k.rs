@@ -8,7 +8,7 @@
 //! sums, and `vpdpwssd` applying the scale and accumulating in one step.
 
 use super::act::Act;
-use super::avx2::{half_at, hsum};
+use super::simd::{half_at, hsum};
 use std::arch::x86_64::*;
 
 /// Σ of the eight int32 lanes.

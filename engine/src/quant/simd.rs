@@ -1,0 +1,67 @@
+//! The x86 helpers shared by the AVX2 and VNNI kernels: the bounds check
+//! every kernel relies on and the small register-level pieces (horizontal
+//! sum, f16 load, unsigned × signed byte dot). Kept below every kernel module
+//! so the kernels depend on it and not on each other.
+//!
+//! Like the kernels, these are only reached from the driver's functions
+//! compiled with avx2, fma and f16c.
+
+use super::act::Act;
+use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
+
+/// The one bounds check the kernels rely on.
+pub(super) fn check<const T: usize>(
+    ty: GgmlType,
+    row: &[u8],
+    a: &[Act<'_>; T],
+    cols: usize,
+) -> Option<()> {
+    if ty.row_bytes(cols as u64).ok()? != row.len() as u64 {
+        return None;
+    }
+    let bl = ty.block_len();
+    let ok = a.iter().all(|a| match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => a.x.len() == cols,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
+            a.x.len() == cols
+                && a.qs.len() >= cols
+                && a.d.len() >= cols / bl
+                && a.bs.len() >= cols / 16
+        }
+        _ => {
+            a.x.len() == cols
+                && a.qs.len() >= cols
+                && a.d.len() >= cols / bl
+                && a.s.len() >= cols / bl
+        }
+    });
+    ok.then_some(())
+}
+
+#[inline(always)]
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: register-only AVX arithmetic.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+/// The f16 at `p` (unaligned) as f32, by F16C.
+#[inline(always)]
+pub(super) unsafe fn half_at(p: *const u8) -> f32 {
+    // SAFETY: the caller's 2 bytes at `p`; F16C per the module docs.
+    unsafe {
+        let h = p.cast::<u16>().read_unaligned().to_le();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
+/// Σ u·s over 32 byte pairs as eight int32 (`u` unsigned, `s` signed).
+#[inline(always)]
+pub(super) unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 arithmetic.
+    unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
+}
