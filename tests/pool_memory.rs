@@ -188,24 +188,35 @@ fn huge_depths(mem: PoolMemory) {
     assert!(matches!(err, CacheError::OutOfCapacity(_)), "{err:?}");
 }
 
+/// Tests of this file run one at a time: two of them read the process's
+/// resident memory, which another test's pools would move meanwhile.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 macro_rules! suite {
     ($name:ident, $mem:expr) => {
         mod $name {
             use super::*;
             #[test]
             fn clear_then_refill_attends_alike() {
+                let _serial = super::serial();
                 super::clear_then_refill_attends_alike($mem)
             }
             #[test]
             fn nbytes_counts_rows() {
+                let _serial = super::serial();
                 super::nbytes_counts_rows($mem)
             }
             #[test]
             fn trim_keeps_live_cells() {
+                let _serial = super::serial();
                 super::trim_keeps_live_cells($mem)
             }
             #[test]
             fn huge_depths() {
+                let _serial = super::serial();
                 super::huge_depths($mem)
             }
         }
@@ -220,6 +231,7 @@ suite!(grow, PoolMemory::Grow);
 /// steps later.
 #[test]
 fn reservation_keeps_addresses_and_views_see_later_rows() {
+    let _serial = serial();
     let mut c = KvSequenceCache::with_memory(
         cfg(LayerPolicy::Flat, 1 << 14, KvDtype::Float32),
         PoolMemory::Reserve,
@@ -272,6 +284,7 @@ fn rss() -> usize {
 #[cfg(target_os = "linux")]
 #[test]
 fn clear_and_trim_lower_resident_memory() {
+    let _serial = serial();
     const MIB: usize = 1 << 20;
     let mut c = CacheConfig::new(8192, 1, vec![LayerConfig::new(LayerPolicy::Flat, 8, 128)]);
     c.max_step = 512;
@@ -339,6 +352,7 @@ fn resident(p: *const u8) -> bool {
 #[cfg(target_os = "linux")]
 #[test]
 fn pages_are_committed_ahead_of_rows_at_staggered_steps() {
+    let _serial = serial();
     const H: usize = 16;
     const D: usize = 128; // float16: 256-byte rows, 16 to a 4 KiB page
     const DEPTH: usize = 4096;
