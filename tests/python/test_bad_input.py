@@ -191,7 +191,7 @@ BAD_CFG_INDEX = [
 
 
 def _memory_rows(n, w):
-    """reserved_bytes, pool_memory (and a cell cache's trim) take no argument."""
+    """reserved_bytes, committed_bytes, pool_memory (and a cell cache's trim) take no argument."""
     row(f"{n}.reserved_bytes", "an argument", w, lambda x: x.c.reserved_bytes(0), TypeError)
     row(
         f"{n}.reserved_bytes",
@@ -215,6 +215,15 @@ def _memory_rows(n, w):
         lambda x: x.c.pool_memory,
         OK,
         lambda x, r: r in ("reserve", "grow"),
+    )
+    row(f"{n}.committed_bytes", "an argument", w, lambda x: x.c.committed_bytes(0), TypeError)
+    row(
+        f"{n}.committed_bytes",
+        "within the reservation",
+        w,
+        lambda x: x.c.committed_bytes(),
+        OK,
+        lambda x, r: 0 <= r <= x.c.reserved_bytes(),
     )
     if n == "KvCellCache":
         row(f"{n}.trim", "an argument", w, lambda x: x.c.trim(0), TypeError)
