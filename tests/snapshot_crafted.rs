@@ -195,7 +195,17 @@ fn unknown_kinds_and_flags_are_refused_by_snapshot_info_and_loads() {
     let snap = a.save_state(None).unwrap();
     let mut b = KvSequenceCache::new(cfg(&pols, 48, 4, KvDtype::Float32)).unwrap();
     let mut kc = KvCellCache::new(cfg(&pols, 48, 4, KvDtype::Float32), 32, 4).unwrap();
-    for kind in 2..=255u8 {
+    // Kind 2 (a cell chunk) is known: refused by both loads as another kind.
+    let d = forged(&snap, 10, &[2]);
+    refused_seq(&mut b, &d, "expected");
+    let before = cell_state(&kc);
+    assert!(matches!(kc.load_seq(&d), Err(CacheError::Snapshot(_))));
+    assert!(matches!(
+        kc.load_seq_chunks(&[&d]),
+        Err(CacheError::Snapshot(_))
+    ));
+    assert!(cell_state(&kc) == before);
+    for kind in 3..=255u8 {
         let d = forged(&snap, 10, &[kind]);
         let e = snapshot_info(&d).unwrap_err();
         assert!(
@@ -326,7 +336,7 @@ fn every_header_and_state_field_crafted_is_refused_unchanged() {
     let mut try_seq = |d: &[u8]| {
         tried += 1;
         if let Ok(info) = snapshot_info(d) {
-            assert!(info.kind <= 1 && info.end <= MAX_POSITION, "{info:?}");
+            assert!(info.kind <= 2 && info.end <= MAX_POSITION, "{info:?}");
         }
         refused_seq(&mut b, d, "");
     };
@@ -376,7 +386,7 @@ fn every_header_and_state_field_crafted_is_refused_unchanged() {
     let mut try_cell = |d: &[u8]| {
         tried += 1;
         if let Ok(info) = snapshot_info(d) {
-            assert!(info.kind <= 1 && info.end <= MAX_POSITION, "{info:?}");
+            assert!(info.kind <= 2 && info.end <= MAX_POSITION, "{info:?}");
         }
         let before = cell_state(&to);
         match to.load_seq(d) {

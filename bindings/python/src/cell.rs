@@ -286,6 +286,49 @@ kv_methods! {
         write_kv(slf.as_super(), "load_seq", |c| c.load_seq(&data))
     }
 
+    /// A chunk snapshot (bytes) of `seq`'s positions `[start, end)`, all of
+    /// which it must hold: flat rows of the whole range, ring rows of what the
+    /// ring table still holds of it (its tail). Chunks of `[0, e1), [e1, e2),
+    /// ...` restore as one sequence with `load_seq_chunks`. The GIL is
+    /// released for the copy.
+    fn save_seq_chunk(
+        slf: &Bound<'_, Self>,
+        seq: &Bound<'_, PyAny>,
+        start: &Bound<'_, PyAny>,
+        end: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<pyo3::types::PyBytes>> {
+        let seq = seq_id(seq, "seq")?;
+        let (start, end) = (index(start, "start")?, index(end, "end")?);
+        let py = slf.py();
+        let this = borrow(slf.as_super(), "save_seq_chunk")?;
+        let kv = this.inner.kv("KvCellCache")?;
+        let data = py.detach(|| kv.save_seq_chunk(seq, start, end)).py_err()?;
+        drop(this);
+        Ok(crate::snapshot::to_bytes(py, data))
+    }
+
+    /// Restores chunk snapshots `parts` (a list of `save_seq_chunk` bytes
+    /// covering `[0, end)` end to end) as one new sequence; returns its id.
+    /// All or nothing: damaged, foreign, non-consecutive or ring-incomplete
+    /// parts are `SnapshotError`, no room `CapacityError`; the cache is
+    /// unchanged. The GIL is released for the copy.
+    fn load_seq_chunks(slf: &Bound<'_, Self>, parts: &Bound<'_, PyAny>) -> PyResult<SeqId> {
+        if !(parts.is_instance_of::<pyo3::types::PyList>()
+            || parts.is_instance_of::<pyo3::types::PyTuple>())
+        {
+            return Err(crate::errors::dtype_err(format!(
+                "parts: expected a list or tuple of bytes, got {}",
+                parts.get_type().name()?
+            )));
+        }
+        let data = crate::snapshot::chain(parts)?;
+        let slices: Vec<&[u8]> = data.iter().map(|d| &**d).collect();
+        let py = slf.py();
+        let mut this = borrow_mut(slf.as_super(), "load_seq_chunks")?;
+        let kv = this.inner.kv_mut("KvCellCache")?;
+        py.detach(|| kv.load_seq_chunks(&slices)).py_err()
+    }
+
     /// Gives back to the OS the pool pages no live cell touches (rows of
     /// freed cells), and lowers `nbytes()` to the highest live cell. Changes
     /// no bookkeeping. O(n_cells): call it after freeing sequences, not per

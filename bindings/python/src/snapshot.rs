@@ -69,8 +69,9 @@ pub fn to_bytes(py: Python<'_>, v: Vec<u8>) -> Py<PyBytes> {
 }
 
 /// What a snapshot holds, read without a cache: `kind` ("sequence" or
-/// "cell"), `version`, `n_layers`, `start`, `end` and `complete` (every ring
-/// layer carries the tail its next step needs). `SnapshotError` when the data
+/// "cell" or "chunk"), `version`, `n_layers`, `start`, `end`, `complete` (every
+/// ring layer carries the tail its next step needs) and `ring_from` (the first
+/// position every ring layer carries). `SnapshotError` when the data
 /// is not a snapshot this build reads.
 #[pyfunction]
 pub fn snapshot_info<'py>(
@@ -80,11 +81,17 @@ pub fn snapshot_info<'py>(
     let d = self::data(data, "data")?;
     let info = offgraph_kv::snapshot_info(&d).py_err()?;
     let out = PyDict::new(py);
-    out.set_item("kind", if info.kind == 0 { "sequence" } else { "cell" })?;
+    let kind = match info.kind {
+        0 => "sequence",
+        1 => "cell",
+        _ => "chunk",
+    };
+    out.set_item("kind", kind)?;
     out.set_item("version", info.version)?;
     out.set_item("n_layers", info.n_layers)?;
     out.set_item("start", info.start)?;
     out.set_item("end", info.end)?;
     out.set_item("complete", info.complete)?;
+    out.set_item("ring_from", info.ring_from)?;
     Ok(out)
 }

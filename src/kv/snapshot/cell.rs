@@ -62,9 +62,11 @@ fn parse_positions(r: &mut Reader<'_>) -> Result<Positions> {
 }
 
 /// One past the last held position of a cell snapshot (for `snapshot_info`).
-pub(crate) fn peek_next(r: &mut Reader<'_>, _prints: &[LayerPrint]) -> Result<usize> {
-    let (held, _, _) = parse_positions(r)?;
-    Ok(held.last().map_or(0, |h| h.1))
+/// and the first ring position carried (`next` when none is).
+pub(crate) fn peek_next(r: &mut Reader<'_>, _prints: &[LayerPrint]) -> Result<(usize, usize)> {
+    let (held, _, ring) = parse_positions(r)?;
+    let next = held.last().map_or(0, |h| h.1);
+    Ok((next, ring.first().copied().unwrap_or(next)))
 }
 
 fn held_contains(held: &[(usize, usize)], p: usize) -> bool {
@@ -95,7 +97,7 @@ fn cell_runs(cells: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 impl KvCellCache {
-    fn prints(&self) -> Result<Vec<LayerPrint>> {
+    pub(super) fn prints(&self) -> Result<Vec<LayerPrint>> {
         access::prints(self.config(), |l| self.pool(l))
     }
 

@@ -5,7 +5,8 @@
 //! ```text
 //! magic      8   b"OKVSNAP\0"
 //! version    u16 FORMAT_VERSION (a reader refuses a newer one)
-//! kind       u8  0 = KvSequenceCache range, 1 = KvCellCache sequence
+//! kind       u8  0 = KvSequenceCache range, 1 = KvCellCache sequence,
+//!                2 = KvCellCache sequence chunk (see chunk.rs)
 //! flags      u8  0 (no flag is defined; a set bit is refused)
 //! n_layers   u32
 //! per layer  (the fingerprint: what makes rows compatible)
@@ -36,6 +37,7 @@ pub const MAX_POSITION: usize = i64::MAX as usize;
 const KNOWN_FLAGS: u8 = 0;
 pub(crate) const KIND_SEQ: u8 = 0;
 pub(crate) const KIND_CELL: u8 = 1;
+pub(crate) const KIND_CHUNK: u8 = 2;
 /// magic, version, kind, flags, n_layers.
 const HEADER: usize = 16;
 /// Bytes of one layer's fingerprint.
@@ -221,15 +223,16 @@ pub(crate) fn open(data: &[u8], kind: u8) -> Result<(Reader<'_>, Vec<LayerPrint>
         )));
     }
     let got_kind = r.u8("kind")?;
-    if got_kind != KIND_SEQ && got_kind != KIND_CELL {
+    if got_kind != KIND_SEQ && got_kind != KIND_CELL && got_kind != KIND_CHUNK {
         return Err(snap_err(format!(
-            "unknown kind {got_kind} (0 is a KvSequenceCache snapshot, 1 a KvCellCache sequence)"
+            "unknown kind {got_kind} (0 is a KvSequenceCache snapshot, 1 a KvCellCache sequence, 2 a KvCellCache sequence chunk)"
         )));
     }
     if got_kind != kind {
         let name = |k: u8| match k {
             KIND_SEQ => "a KvSequenceCache snapshot",
             KIND_CELL => "a KvCellCache sequence snapshot",
+            KIND_CHUNK => "a KvCellCache sequence chunk",
             _ => "an unknown kind",
         };
         return Err(snap_err(format!(

@@ -11,6 +11,7 @@
 
 mod access;
 mod cell;
+mod chunk;
 mod crc;
 mod format;
 mod seq;

@@ -35,8 +35,12 @@ pub struct SnapshotInfo {
     /// One past the last position: the length after loading (kind 0), the
     /// sequence's next position (kind 1).
     pub end: usize,
-    /// Every ring layer carries the tail its next step needs (always true for kind 1).
+    /// Every ring layer carries the tail its next step needs (always true for
+    /// kind 1; for kind 2, within the chunk's own range).
     pub complete: bool,
+    /// First position every ring layer carries rows from: `end` when none
+    /// does (or there are no ring layers; kind 0: `start` then).
+    pub ring_from: usize,
 }
 
 /// One parsed, checked member of a chain.
@@ -96,7 +100,7 @@ pub fn snapshot_info(data: &[u8]) -> Result<SnapshotInfo> {
         data.get(9).copied().unwrap_or(0),
     ]);
     if kind == super::format::KIND_CELL {
-        let next = super::cell::peek_next(&mut r, &prints)?;
+        let (next, ring_from) = super::cell::peek_next(&mut r, &prints)?;
         return Ok(SnapshotInfo {
             kind,
             version,
@@ -104,6 +108,25 @@ pub fn snapshot_info(data: &[u8]) -> Result<SnapshotInfo> {
             start: 0,
             end: next,
             complete: true,
+            ring_from,
+        });
+    }
+    if kind == super::format::KIND_CHUNK {
+        let (start, end, ring_from) = super::chunk::parse_range(&mut r)?;
+        let w = prints
+            .iter()
+            .filter_map(|p| p.policy.window())
+            .max()
+            .unwrap_or(0);
+        let need = start.max(end.saturating_sub(w.saturating_sub(1)));
+        return Ok(SnapshotInfo {
+            kind,
+            version,
+            n_layers: prints.len(),
+            start,
+            end,
+            complete: w == 0 || ring_from <= need,
+            ring_from,
         });
     }
     let p = parse(&mut r, &prints)?;
@@ -111,6 +134,13 @@ pub fn snapshot_info(data: &[u8]) -> Result<SnapshotInfo> {
         .iter()
         .zip(&p.froms)
         .all(|(pr, &f)| f == need_from(pr, p.start, p.end));
+    let ring_from = prints
+        .iter()
+        .zip(&p.froms)
+        .filter(|(pr, _)| pr.policy.window().is_some())
+        .map(|(_, &f)| f)
+        .max()
+        .unwrap_or(p.start);
     Ok(SnapshotInfo {
         kind,
         version,
@@ -118,6 +148,7 @@ pub fn snapshot_info(data: &[u8]) -> Result<SnapshotInfo> {
         start: p.start,
         end: p.end,
         complete,
+        ring_from,
     })
 }
 
