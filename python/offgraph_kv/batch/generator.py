@@ -34,6 +34,24 @@ from .scheduler import Plan, Scheduler
 __all__ = ["BatchGenerator"]
 
 
+def _host_tier(spec: Any, model: Any) -> Any:
+    """The host tier ``host_cache_bytes`` asks for (``None`` when off), bound to ``model``."""
+    if spec is None:
+        return None
+    from ..store.host import HostTier
+
+    if not isinstance(spec, HostTier):
+        if isinstance(spec, bool) or not isinstance(spec, int):
+            raise InvalidArgumentError(
+                f"host_cache_bytes: expected an int or a HostTier, got {type(spec).__name__}"
+            )
+        if spec == 0:
+            return None
+        spec = HostTier(spec)
+    spec.bind(model)
+    return spec
+
+
 class BatchGenerator:
     """Continuous batching of many requests over one KvCellCache (see :mod:`offgraph_kv.batch`).
 
@@ -49,6 +67,10 @@ class BatchGenerator:
         store: a :class:`~offgraph_kv.store.PrefixStore` (bound to ``model`` here if it is not
             bound yet): admission loads the longest stored prefix no live sequence beats, and
             prefill saves each chunk as it passes the chunk's end.
+        host_cache_bytes: bytes of the host tier (:class:`~offgraph_kv.store.HostTier`) that
+            keeps evicted cached sequences' chunks in process memory, deduplicated, for later
+            prompts sharing their prefix (asked before ``store``); ``None`` or 0: off. A
+            ``HostTier`` is used as given.
 
     With a transformers model, ``step`` switches ``model.config._attn_implementation`` to
     ``CELL_ATTN_NAME`` for the duration of its forward and restores it after: do not run the
@@ -64,6 +86,7 @@ class BatchGenerator:
         kv_dtype: str | None = None,
         prefix_cache: bool = True,
         store: Any = None,
+        host_cache_bytes: Any = None,
     ):
         if isinstance(max_batch_tokens, bool) or int(max_batch_tokens) < 1:
             raise InvalidArgumentError(f"max_batch_tokens: expected >= 1, got {max_batch_tokens}")
@@ -98,8 +121,9 @@ class BatchGenerator:
             from ..store.cells import GeneratorStore
 
             self._store = GeneratorStore(store, model, self.kc)
+        self.host_cache = _host_tier(host_cache_bytes, model)
         self._sched = Scheduler(
-            self.kc, layers, self.max_batch_tokens, self.prefix_cache, self._store
+            self.kc, layers, self.max_batch_tokens, self.prefix_cache, self._store, self.host_cache
         )
         self.has_flat = self._sched.has_flat
         self.ring_depth = self._sched.ring_depth
@@ -236,6 +260,7 @@ class BatchGenerator:
                 "waiting": occ["waiting"],
                 "cached_sequences": occ["cached_sequences"],
                 **({} if self._store is None else self._store.stats()),
+                **({} if self.host_cache is None else self.host_cache.stats()),
             }
 
     # -- the step ---------------------------------------------------------------------------------
@@ -347,6 +372,6 @@ class BatchGenerator:
         return [r.generated for r in reqs]  # a request cancelled meanwhile: its tokens so far
 
     def clear_prefix_cache(self) -> None:
-        """Free every cached finished sequence."""
+        """Free every cached finished sequence (its chunks go to the host tier, if any)."""
         with self._lock:
             self._sched.clear_cache()

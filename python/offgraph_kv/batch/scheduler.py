@@ -21,10 +21,12 @@ A scheduling change lives here; the model's forward (:mod:`.model_step`) and sam
   sequences' tokens (:class:`~offgraph_kv.prefix_index.PrefixIndex`). A request whose prompt
   shares a longer prefix with a prompt still being prefilled waits for that prefill rather than
   computing the same prefix again. The ring table may refuse a fork whose next step needs keys
-  its source dropped: the next source is tried, else a fresh prefill. A prefix store, when
-  given, serves a longer stored prefix than any held sequence.
+  its source dropped: the next source is tried, else a fresh prefill. A host tier
+  (:class:`~offgraph_kv.store.HostTier`) and then a prefix store, when given, serve a longer
+  prefix than any held sequence.
 * **Eviction.** Finished sequences stay cached (``prefix_cache=True``) and are freed least
-  recently used first when cells or sequence ids are needed; a fork source counts as used.
+  recently used first when cells or sequence ids are needed; a fork source counts as used. An
+  evicted sequence's chunks go to the host tier, when given, before its cells are freed.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Scheduler:
         prefix_cache: keep finished sequences as prefix cache until cells or ids are needed.
         store: a prefix store as the generator uses it (``admit(prompt, live) -> (seq, n)``,
             ``prefilled([(seq, prompt, before, after), ...])``), or ``None``.
+        host: a host tier (``evicted(kc, seq, tokens)``, ``admit(kc, prompt, live)``), or
+            ``None``.
     """
 
     def __init__(
@@ -68,8 +72,10 @@ class Scheduler:
         max_batch_tokens: int,
         prefix_cache: bool = True,
         store: Any = None,
+        host: Any = None,
     ):
         self.kc = kc
+        self.host = host
         self.max_batch_tokens = max_batch_tokens
         self.prefix_cache = prefix_cache
         self.store = store
@@ -230,6 +236,8 @@ class Scheduler:
 
     def _evict(self, seq: int) -> None:
         del self.cached[seq]
+        if self.host is not None:
+            self.host.evicted(self.kc, seq, self._held.tokens(seq))
         self._held.remove(seq)
         self.kc.seq_free(seq)
         self.counters["evictions"] += 1
@@ -248,8 +256,13 @@ class Scheduler:
     def _fork(self, req: Request) -> tuple[int, int, int | None]:
         """``(seq, upto, source)``: a fork of the longest held prefix the cache allows, else a
         fresh sequence."""
+        best = self._best_upto(req)
+        if self.host is not None:  # in process: asked before the store
+            seq, upto = self.host.admit(self.kc, req.prompt, best)
+            if seq is not None:
+                return seq, upto, None  # the tier holds more of the prompt than any sequence
         if self.store is not None:
-            seq, upto = self.store.admit(req.prompt, self._best_upto(req))
+            seq, upto = self.store.admit(req.prompt, best)
             if seq is not None:
                 return seq, upto, None  # the store holds more of the prompt than any sequence
         for src, n in itertools.islice(self._sources(req), _FORK_TRIES):
@@ -263,6 +276,8 @@ class Scheduler:
         """The cached ``seq`` cut back to its first ``upto`` tokens for a new request; freed for
         a fresh sequence when the ring refuses the cut."""
         del self.cached[seq]
+        if self.host is not None:  # what lies beyond the cut leaves the pool
+            self.host.evicted(self.kc, seq, self._held.tokens(seq))
         self._held.remove(seq)
         try:
             self.kc.seq_rm(seq, upto)

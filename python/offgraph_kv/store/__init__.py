@@ -59,14 +59,17 @@ Modules
   (:class:`~offgraph_kv.store.chunks.ChunkStore`), what both stores share.
 * :mod:`offgraph_kv.store.sequence`: :class:`PrefixStore`.
 * :mod:`offgraph_kv.store.cells`: cell sequences, and the batcher's ``GeneratorStore``.
+* :mod:`offgraph_kv.store.host`: :class:`HostTier`, the in-process tier of evicted sequences.
 """
 
 from .backends import MemoryBackend, RedisBackend
 from .chunks import MAX_VALUE_BYTES, SaveResult, StoreWarning
+from .host import HostTier
 from .sequence import PrefixStore
 
 __all__ = [
     "MAX_VALUE_BYTES",
+    "HostTier",
     "MemoryBackend",
     "PrefixStore",
     "RedisBackend",
