@@ -26,6 +26,7 @@ import numpy as np
 import offgraph_kv as okv
 import pytest
 from offgraph_kv import _native
+from offgraph_kv.store import HostTier
 
 E = okv  # the exception classes live on the package
 OK = "ok"  # an accepted input: the row checks the result instead
@@ -1362,6 +1363,123 @@ def _snapshot_rows():
 _snapshot_rows()
 
 
+def _chunk_rows():
+    n = "KvCellCache"
+    w = lambda: cell_world(okv.KvCellCache)  # noqa: E731
+    src = cell_world(okv.KvCellCache)
+    blob = src.c.save_seq(src.s)
+    c0, c1 = src.c.save_seq_chunk(src.s, 0, 2), src.c.save_seq_chunk(src.s, 2, 4)
+    for arg, call in [
+        ("seq", lambda x, v: x.c.save_seq_chunk(v, 0, 2)),
+        ("start", lambda x, v: x.c.save_seq_chunk(x.s, v, 2)),
+        ("end", lambda x, v: x.c.save_seq_chunk(x.s, 0, v)),
+    ]:
+        for case, v, exc in BAD_INDEX_NONE:
+            row(f"{n}.save_seq_chunk", f"{arg} {case}", w, lambda x, v=v, f=call: f(x, v), exc)
+    for case, a, b in [("empty", 2, 2), ("reversed", 3, 1), ("past next_pos", 2, 5)]:
+        row(f"{n}.save_seq_chunk", case, w, lambda x, a=a, b=b: x.c.save_seq_chunk(x.s, a, b),
+            E.InvalidArgumentError)  # fmt: skip
+    row(f"{n}.save_seq_chunk", "foreign id", w, lambda x: x.c.save_seq_chunk(x.foreign, 0, 2),
+        E.UnknownSequenceError)  # fmt: skip
+    row(f"{n}.save_seq_chunk", "a chunk", w, lambda x: x.c.save_seq_chunk(x.s, 2, 4), OK,
+        lambda x, r: r == c1 and okv.snapshot_info(r)["kind"] == "chunk")  # fmt: skip
+    for case, v, exc in [
+        ("str", "data", E.DTypeError),
+        ("int", 3, E.DTypeError),
+        ("None", None, E.DTypeError),
+        ("bytes, not a list", c0, E.DTypeError),
+        ("list of int", [1], E.DTypeError),
+        ("list of None", [c0, None], E.DTypeError),
+        ("empty list", [], E.InvalidArgumentError),
+        ("truncated", [c0[:-5]], E.SnapshotError),
+        ("bit flip", [c0[:40] + bytes([c0[40] ^ 1]) + c0[41:]], E.SnapshotError),
+        ("not from 0", [c1], E.SnapshotError),
+        ("a gap", [c0, c0], E.SnapshotError),
+        ("a cell snapshot", [blob], E.SnapshotError),
+    ]:
+        row(f"{n}.load_seq_chunks", case, w, lambda x, v=v: x.c.load_seq_chunks(v), exc)
+    row(f"{n}.load_seq_chunks", "loads as a new id", w,
+        lambda x: x.c.load_seq_chunks((c0, bytearray(c1))), OK,
+        lambda x, r: x.c.next_pos(r) == 4 and x.c.save_seq(r) == blob)  # fmt: skip
+
+
+_chunk_rows()
+
+
+def host_world():
+    kc = okv.KvCellCache(config(), 16, n_seq_max=4)
+    s = kc.seq_new()
+    kc.begin_step([s] * 4, [0, 1, 2, 3])
+    for layer in range(2):
+        kc.update(layer, rows_of(4, layer), rows_of(4, layer + 5))
+    tier = HostTier(1 << 20, chunk_tokens=2)
+    model = object()
+    tier.bind(model)
+    tier.evicted(kc, s, [5, 6, 7, 8])
+    return SimpleNamespace(
+        kc=kc, s=s, tier=tier, model=model, snap=lambda: (tier.stats(), cell_snap(kc))
+    )
+
+
+def _host_rows():
+    n = "HostTier"
+    w = host_world
+    for arg in ("max_bytes", "chunk_tokens"):
+        for case, v in [("-1", -1), ("1.5", 1.5), ("str", "1"), ("bool", True), ("None", None)]:
+            kw = {"max_bytes": 10, arg: v}
+            row(f"{n}()", f"{arg} {case}", plain_world, lambda _, kw=kw: HostTier(**kw),
+                E.InvalidArgumentError)  # fmt: skip
+    row(f"{n}()", "chunk_tokens 0", plain_world, lambda _: HostTier(10, chunk_tokens=0),
+        E.InvalidArgumentError)  # fmt: skip
+    row(f"{n}()", "0 bytes: off", plain_world, lambda _: HostTier(0).stats(), OK,
+        lambda _, r: r["host_cache_max_bytes"] == 0)  # fmt: skip
+    bad_kc = [("None", None), ("a CellCache", okv.CellCache(config(), 16)), ("int", 3)]
+    bad_ids = [("None", None), ("int", 3), ("floats", [1.5]), ("strs", ["a"]), ("bools", [True])]
+    for case, v in bad_kc:
+        row(f"{n}.evicted", f"kc {case}", w, lambda x, v=v: x.tier.evicted(v, x.s, [5, 6]),
+            E.DTypeError)  # fmt: skip
+        for m in ("admit", "peek"):
+            row(f"{n}.{m}", f"kc {case}", w,
+                lambda x, v=v, m=m: getattr(x.tier, m)(v, [5, 6, 7], 0), E.DTypeError)  # fmt: skip
+    for case, v in bad_ids:
+        row(f"{n}.evicted", f"tokens {case}", w, lambda x, v=v: x.tier.evicted(x.kc, x.s, v),
+            E.DTypeError)  # fmt: skip
+        for m in ("admit", "peek"):
+            row(f"{n}.{m}", f"prompt {case}", w,
+                lambda x, v=v, m=m: getattr(x.tier, m)(x.kc, v, 0), E.DTypeError)  # fmt: skip
+    for case, v, exc in BAD_INDEX_NONE[:8] + [("None", None, E.DTypeError)]:
+        exc = E.DTypeError if exc is E.DTypeError else E.InvalidArgumentError
+        if case in ("2**63", "2**64+1"):
+            continue  # a large live is just more than the tier holds
+        for m in ("admit", "peek"):
+            row(f"{n}.{m}", f"live {case}", w,
+                lambda x, v=v, m=m: getattr(x.tier, m)(x.kc, [5, 6, 7, 8, 9], v), exc)  # fmt: skip
+        if case != "-1":
+            row(f"{n}.evicted", f"seq {case}", w, lambda x, v=v: x.tier.evicted(x.kc, v, [5]),
+                exc)  # fmt: skip
+    row(f"{n}.evicted", "seq -1", w, lambda x: x.tier.evicted(x.kc, -1, [5]),
+        E.InvalidArgumentError)  # fmt: skip
+    row(f"{n}.evicted", "a foreign id: nothing leaves", w,
+        lambda x: x.tier.evicted(x.kc, 2**40, [5, 6]), OK, lambda x, r: r == 0)  # fmt: skip
+    row(f"{n}.evicted", "again: already held", w, lambda x: x.tier.evicted(x.kc, x.s, [5, 6, 7, 8]),
+        OK, lambda x, r: r == 0 and x.tier.stats()["host_cache_chunks"] == 2)  # fmt: skip
+    row(f"{n}.admit", "restores", w, lambda x: x.tier.admit(x.kc, [5, 6, 7, 8, 9], 0), OK,
+        lambda x, r: r[1] == 4 and x.kc.next_pos(r[0]) == 4)  # fmt: skip
+    row(f"{n}.admit", "another prompt: a miss", w, lambda x: x.tier.admit(x.kc, [1, 2, 3], 0), OK,
+        lambda x, r: r == (None, 0) and x.tier.stats()["host_cache_misses"] == 1)  # fmt: skip
+    row(f"{n}.peek", "what admit would restore", w, lambda x: x.tier.peek(x.kc, [5, 6, 7, 8], 1),
+        OK, lambda x, r: r == 2)  # fmt: skip
+    row(f"{n}.bind", "another model", w, lambda x: x.tier.bind(object()), E.InvalidArgumentError)
+    row(f"{n}.bind", "the same model", w, lambda x: x.tier.bind(x.model), OK)
+    row(f"{n}.clear", "drops every chunk", w, lambda x: x.tier.clear(), OK,
+        lambda x, _: x.tier.stats()["host_cache_bytes"] == 0)  # fmt: skip
+    row(f"{n}.stats", "counts", w, lambda x: x.tier.stats(), OK,
+        lambda x, r: r["host_cache_chunks"] == 2 and r["host_cache_bytes"] > 0)  # fmt: skip
+
+
+_host_rows()
+
+
 # --- running the table ----------------------------------------------------------
 
 
@@ -1405,7 +1523,7 @@ def public_api():
         for name in okv.__all__
         if inspect.isclass(obj := getattr(okv, name)) and not issubclass(obj, okv.CacheError)
     ]
-    classes.append(_native.PoolBuffer)
+    classes += [_native.PoolBuffer, HostTier]
     for cls in classes:
         names.add(f"{cls.__name__}()")
         names |= {f"{cls.__name__}.{n}" for n in dir(cls) if not n.startswith("_")}

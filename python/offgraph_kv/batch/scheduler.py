@@ -257,7 +257,13 @@ class Scheduler:
         """``(seq, upto, source)``: a fork of the longest held prefix the cache allows, else a
         fresh sequence."""
         best = self._best_upto(req)
-        if self.host is not None:  # in process: asked before the store
+        if self.host is not None and self.host.peek(self.kc, req.prompt, best):
+            # In process, asked before the store. The restore takes cells: make the room the
+            # whole request needs first (evictions go to the tier, so ask it again after).
+            need = self.cells_needed(req.total)
+            while self._free_for_admission() < need and self._evict_one():
+                pass
+            best = self._best_upto(req)
             seq, upto = self.host.admit(self.kc, req.prompt, best)
             if seq is not None:
                 return seq, upto, None  # the tier holds more of the prompt than any sequence

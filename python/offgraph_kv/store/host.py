@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _native as _okv
-from .._errors import CacheError, InvalidArgumentError, SnapshotError
+from .._errors import CacheError, DTypeError, InvalidArgumentError, SnapshotError
 from .cells import cell_keys, cell_layout
 from .chunks import ChunkStore
 
@@ -65,6 +65,31 @@ def _checked_size(name: str, v: Any) -> int:
     if v < 0:
         raise InvalidArgumentError(f"{name}: expected >= 0, got {v}")
     return v
+
+
+def _cache(kc: Any) -> Any:
+    if not isinstance(kc, _okv.KvCellCache):
+        raise DTypeError(f"kc: expected a KvCellCache, got {type(kc).__name__}")
+    return kc
+
+
+def _ids(name: str, tokens: Any) -> list[int]:
+    """Token ids as ints (numpy integers too); anything else is a DTypeError."""
+    try:
+        out = [t.__index__() for t in tokens]
+    except (TypeError, AttributeError):
+        raise DTypeError(f"{name}: expected a sequence of token ids (ints)") from None
+    if any(isinstance(t, bool) for t in tokens):
+        raise DTypeError(f"{name}: expected token ids, got a bool")
+    return out
+
+
+def _index(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise DTypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if v.__index__() < 0:
+        raise InvalidArgumentError(f"{name}: expected >= 0, got {v}")
+    return int(v.__index__())
 
 
 class HostTier:
@@ -112,6 +137,7 @@ class HostTier:
         """``seq`` (holding ``tokens`` from position 0) leaves the pool: saves its whole chunks
         the tier lacks, or holds without ring rows this save has. Returns chunks written. Never
         raises for the cache's refusals (a chunk it will not save ends the chain there)."""
+        kc, seq, tokens = _cache(kc), _index("seq", seq), _ids("tokens", tokens)
         if self.max_bytes == 0:
             return 0
         c = self.chunk_tokens
@@ -120,8 +146,8 @@ class HostTier:
             held = min(len(tokens), int(kc.seq_len(seq)))
             nxt = int(kc.next_pos(seq))
         except CacheError:
-            return 0
-        keys = cell_keys(self._keys, layout, [int(t) for t in tokens[: held // c * c]])
+            return 0  # not a live sequence of kc: nothing leaves
+        keys = cell_keys(self._keys, layout, tokens[: held // c * c])
         written = 0
         for k, key in enumerate(keys):
             start, end = k * c, (k + 1) * c
@@ -149,19 +175,41 @@ class HostTier:
             self._trim()
         return written
 
+    def _chain(self, kc: Any, prompt: list[int]) -> tuple[list[str], int, int]:
+        """``prompt``'s chunk keys, how many of them from 0 the tier holds, and the ring window."""
+        usable = max(len(prompt) - 1, 0)
+        layout, w, _ = self._layout_of(kc)
+        keys = cell_keys(self._keys, layout, prompt[:usable])
+        n = 0
+        while n < len(keys) and keys[n] in self._chunks:
+            n += 1
+        return keys, n, w
+
+    def _useful(self, prompt: list[int], live: int) -> bool:
+        """Whether the tier could add to ``live`` tokens of ``prompt`` at all."""
+        c = self.chunk_tokens
+        return self.max_bytes > 0 and max(len(prompt) - 1, 0) // c * c > live
+
+    def peek(self, kc: Any, prompt: Sequence[int], live: int) -> int:
+        """Tokens of ``prompt`` :meth:`admit` would restore now (0: none beyond ``live``):
+        the scheduler makes that room in the pool first. Changes nothing."""
+        kc, prompt, live = _cache(kc), _ids("prompt", prompt), _index("live", live)
+        if not self._useful(prompt, live):
+            return 0
+        keys, n, w = self._chain(kc, prompt)
+        while n * self.chunk_tokens > live and not self._ring_complete(keys, n, w):
+            n -= 1
+        return n * self.chunk_tokens if n * self.chunk_tokens > live else 0
+
     def admit(self, kc: Any, prompt: Sequence[int], live: int) -> tuple[int | None, int]:
         """A new sequence of ``kc`` holding the longest held chain of ``prompt`` (at most
         ``len(prompt) - 1`` tokens, more than ``live``) that ends ring-complete:
         ``(seq, tokens)``, or ``(None, 0)``."""
+        kc, prompt, live = _cache(kc), _ids("prompt", prompt), _index("live", live)
         c = self.chunk_tokens
-        usable = max(len(prompt) - 1, 0)
-        if self.max_bytes == 0 or usable // c * c <= live:
+        if not self._useful(prompt, live):
             return None, 0  # nothing the tier could add: not a miss
-        layout, w, _ = self._layout_of(kc)
-        keys = cell_keys(self._keys, layout, [int(t) for t in prompt[:usable]])
-        n = 0
-        while n < len(keys) and keys[n] in self._chunks:
-            n += 1
+        keys, n, w = self._chain(kc, prompt)
         while n * c > live:
             if not self._ring_complete(keys, n, w):
                 n -= 1

@@ -183,3 +183,42 @@ def test_bad_arguments_are_refused():
     tier.bind(object)
     with pytest.raises(okv.InvalidArgumentError):
         tier.bind(int)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama"])
+def test_a_generator_restores_evicted_prompts_from_the_tier(name):
+    """Tiny random models (the Gemma 3 one slides a window of 8): a prompt evicted for room comes
+    back from the tier, and every output is what ``model.generate`` gives alone."""
+    from model_helpers import reference, tiny_model
+    from offgraph_kv.hf import BatchGenerator
+
+    model = tiny_model(name, seed=0, num_hidden_layers=4)
+    # Room for one 33-token session only (the all-sliding tiny Gemma holds 15 per sequence).
+    cells = 64 if name == "llama" else 24
+    tier = HostTier(1 << 24, chunk_tokens=C)
+    gen = BatchGenerator(model, n_cells=cells, max_batch_tokens=8, host_cache_bytes=tier)
+    a, b = toks(30, 10), toks(30, 11)
+    a = [t % 127 + 1 for t in a]
+    b = [t % 127 + 1 for t in b]
+    # Shares 28 tokens with a: the chain to 28 carries the ring rows from 21 its next step needs.
+    follow = a[:28] + [3, 4, 5]
+    for p in (a, b, follow):
+        assert gen.generate([p], 4) == [reference(model, p, 4)[0]]
+    st = gen.stats
+    assert st["evictions"] >= 1 and st["host_cache_hits"] == 1
+    assert st["host_cache_tokens_restored"] == 28 and st["prefix_tokens_reused"] == 28
+
+
+def test_the_generator_refuses_a_bad_tier_size():
+    from model_helpers import tiny_model
+    from offgraph_kv.hf import BatchGenerator
+
+    model = tiny_model("llama", seed=0, num_hidden_layers=1)
+    for bad in ("1G", 1.5, True, -1):
+        with pytest.raises(okv.InvalidArgumentError):
+            BatchGenerator(model, n_cells=16, host_cache_bytes=bad)
+    tier = HostTier(1 << 20)
+    BatchGenerator(model, n_cells=16, host_cache_bytes=tier)
+    other = tiny_model("llama", seed=1, num_hidden_layers=1)
+    with pytest.raises(okv.InvalidArgumentError):  # one tier, one model
+        BatchGenerator(other, n_cells=16, host_cache_bytes=tier)
