@@ -280,6 +280,7 @@ class Engine:
         m.cells_used.set(st["cells_used"])
         m.cells_free.set(st["cells_free"])
         m.cells_cached.set(st["cells_cached"])
+        m.host_cache(st)
 
     def state(self) -> dict[str, Any]:
         """Occupancy figures (engine thread, or under :meth:`call`)."""
@@ -300,6 +301,7 @@ class Engine:
             "cached_sequences": st["cached_sequences"],
             "requests_cancelled": st.get("requests_cancelled", 0),
             "prefix_tokens_reused": st["prefix_tokens_reused"],
+            **{k: v for k, v in st.items() if k.startswith("host_cache_")},
         }
 
     def audit(self) -> dict[str, Any]:

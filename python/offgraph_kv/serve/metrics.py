@@ -67,6 +67,7 @@ class Metrics:
             registry=r,
         )
         self.resident_bytes.set_function(resident_bytes)
+        self._host_cache(r)
         self.step_seconds = Histogram(
             "offgraph_kv_step_seconds", "Time of one generator step", buckets=_LATENCY, registry=r
         )
@@ -76,3 +77,41 @@ class Metrics:
             buckets=_LATENCY,
             registry=r,
         )
+
+    def _host_cache(self, r: CollectorRegistry) -> None:
+        self.host_cache_bytes = Gauge(
+            "offgraph_kv_host_cache_bytes",
+            "Bytes of K/V chunks the host tier holds (prompts evicted from the cells)",
+            registry=r,
+        )
+        self.host_cache_hits = Counter(
+            "offgraph_kv_host_cache_hits",
+            "Admissions whose prompt prefix the host tier restored",
+            registry=r,
+        )
+        self.host_cache_evictions = Counter(
+            "offgraph_kv_host_cache_evictions",
+            "Chunks the host tier dropped for room (least recently used first)",
+            registry=r,
+        )
+        self.host_cache_tokens_restored = Counter(
+            "offgraph_kv_host_cache_tokens_restored",
+            "Prompt tokens restored from the host tier instead of being computed",
+            registry=r,
+        )
+        self._host_seen: dict[str, int] = {}
+
+    def host_cache(self, stats: dict) -> None:
+        """Publishes a generator's ``host_cache_*`` stats (counters by their increase)."""
+        if "host_cache_bytes" not in stats:
+            return
+        self.host_cache_bytes.set(stats["host_cache_bytes"])
+        for key, counter in (
+            ("host_cache_hits", self.host_cache_hits),
+            ("host_cache_evictions", self.host_cache_evictions),
+            ("host_cache_tokens_restored", self.host_cache_tokens_restored),
+        ):
+            now = int(stats.get(key, 0))
+            if now > self._host_seen.get(key, 0):
+                counter.inc(now - self._host_seen.get(key, 0))
+            self._host_seen[key] = now

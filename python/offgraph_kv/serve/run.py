@@ -34,6 +34,7 @@ class ServeOptions:
     max_batch_tokens: int = 512
     max_queue: int = 256
     store: str | None = None
+    prefix_cache_bytes: int | None = None  # host tier bytes; None: 1/4 of MemAvailable, <= 8 GiB
     threads: int | None = None
     shutdown_timeout: float = 30.0
     log_level: str = "info"
@@ -57,6 +58,9 @@ def build(opts: ServeOptions) -> Any:
         from ..store import PrefixStore, RedisBackend
 
         kw["store"] = PrefixStore(RedisBackend(opts.store), model=model)
+    from .host_cache import resolve  # evicted prompts' chunks, in process, before the store
+
+    kw["host_cache_bytes"] = resolve(opts.prefix_cache_bytes) or None
     gen = BatchGenerator(
         model,
         n_cells=opts.n_cells,

@@ -192,6 +192,16 @@ example:
          "max_tokens": 32, "temperature": 0}'"""
 
 
+def _size(text: str) -> int:
+    """``--prefix-cache-bytes``: bytes, or a number with K, M, G or T."""
+    from ..serve.host_cache import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     """``serve``'s arguments: one per field of :class:`~offgraph_kv.serve.run.ServeOptions`."""
     p.description = SERVE_DESCRIPTION
@@ -230,6 +240,15 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=256,
         help="most requests waiting for their first token; beyond it 503 (default 256)",
+    )
+    p.add_argument(
+        "--prefix-cache-bytes",
+        type=_size,
+        default=None,
+        metavar="N",
+        help="host memory for the K/V of prompts evicted from the cells, shared chunks stored "
+        "once, restored for later prompts sharing their prefix: bytes or 512M, 2G (default: "
+        "1/4 of the available memory, at most 8G; 0: off)",
     )
     p.add_argument(
         "--store",
