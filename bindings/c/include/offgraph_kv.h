@@ -996,6 +996,43 @@ okv_status okv_kv_cell_cache_load_seq(okv_kv_cell_cache *cache,
                                       size_t len,
                                       uint64_t *out_seq);
 
+// A chunk snapshot of sequence `seq`'s positions `[start, end)`, all of
+// which it must hold, into `buf` (room for `cap` bytes); `*out_len` gets its
+// size. Flat layers carry the whole range, ring layers what the ring table
+// still holds of it (its tail). Chunks `[0, e1), [e1, e2), ...` restore as
+// one new sequence with `okv_kv_cell_cache_load_seq_chunks`. The bytes equal
+// Python's `save_seq_chunk`.
+//
+// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` (as `okv_kv_seq_cache_save_state`);
+// `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live in this cache;
+// `OKV_ERR_INVALID_ARGUMENT` when the range is empty or `seq` does not hold
+// every position of it, or `buf` overlaps the pools. The cache never changes.
+okv_status okv_kv_cell_cache_save_seq_chunk(const okv_kv_cell_cache *cache,
+                                            uint64_t seq,
+                                            size_t start,
+                                            size_t end,
+                                            uint8_t *buf,
+                                            size_t cap,
+                                            size_t *out_len);
+
+// Restores `n` chunk snapshots (`data[i]`, `lens[i]` bytes each) covering
+// `[0, end)` end to end as one new sequence; `*out_seq` gets its id. All or
+// nothing.
+//
+// Statuses: `OKV_ERR_SNAPSHOT` for a part that is truncated, damaged,
+// foreign or of a newer format, parts that do not run end to end from 0, or
+// parts lacking a ring row the next step needs (the message names the part);
+// `OKV_ERR_OUT_OF_CAPACITY` when the free cells or sequence ids do not
+// suffice; `OKV_ERR_INVALID_ARGUMENT` for `n` 0 or a part overlapping the
+// pools; `OKV_ERR_NULL_POINTER` for NULL arrays with a nonzero `n`, or a NULL
+// `out_seq`. On a refusal the cache's state is unchanged and `*out_seq` is
+// not written.
+okv_status okv_kv_cell_cache_load_seq_chunks(okv_kv_cell_cache *cache,
+                                             const uint8_t *const *data,
+                                             const size_t *lens,
+                                             size_t n,
+                                             uint64_t *out_seq);
+
 // The message of the most recent call on this thread that did not return
 // `OKV_OK` ("" when there was none). The pointer stays valid until the next
 // failing call on this thread; copy the text to keep it.

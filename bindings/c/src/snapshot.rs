@@ -255,3 +255,72 @@ pub unsafe extern "C" fn okv_kv_cell_cache_load_seq(
         Ok(())
     })
 }
+
+/// A chunk snapshot of sequence `seq`'s positions `[start, end)`, all of
+/// which it must hold, into `buf` (room for `cap` bytes); `*out_len` gets its
+/// size. Flat layers carry the whole range, ring layers what the ring table
+/// still holds of it (its tail). Chunks `[0, e1), [e1, e2), ...` restore as
+/// one new sequence with `okv_kv_cell_cache_load_seq_chunks`. The bytes equal
+/// Python's `save_seq_chunk`.
+///
+/// Statuses: `OKV_ERR_BUFFER_TOO_SMALL` (as `okv_kv_seq_cache_save_state`);
+/// `OKV_ERR_UNKNOWN_SEQUENCE` when `seq` is not live in this cache;
+/// `OKV_ERR_INVALID_ARGUMENT` when the range is empty or `seq` does not hold
+/// every position of it, or `buf` overlaps the pools. The cache never changes.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_cell_cache_save_seq_chunk(
+    cache: *const okv_kv_cell_cache,
+    seq: u64,
+    start: usize,
+    end: usize,
+    buf: *mut u8,
+    cap: usize,
+    out_len: *mut usize,
+) -> okv_status {
+    guard(|| unsafe {
+        let what = "okv_kv_cell_cache_save_seq_chunk";
+        let id = crate::ids::from_c(seq, what)?;
+        save(cache, (buf, cap), out_len, what, |c| {
+            c.save_seq_chunk(id, start, end)
+        })
+    })
+}
+
+/// Restores `n` chunk snapshots (`data[i]`, `lens[i]` bytes each) covering
+/// `[0, end)` end to end as one new sequence; `*out_seq` gets its id. All or
+/// nothing.
+///
+/// Statuses: `OKV_ERR_SNAPSHOT` for a part that is truncated, damaged,
+/// foreign or of a newer format, parts that do not run end to end from 0, or
+/// parts lacking a ring row the next step needs (the message names the part);
+/// `OKV_ERR_OUT_OF_CAPACITY` when the free cells or sequence ids do not
+/// suffice; `OKV_ERR_INVALID_ARGUMENT` for `n` 0 or a part overlapping the
+/// pools; `OKV_ERR_NULL_POINTER` for NULL arrays with a nonzero `n`, or a NULL
+/// `out_seq`. On a refusal the cache's state is unchanged and `*out_seq` is
+/// not written.
+#[no_mangle]
+pub unsafe extern "C" fn okv_kv_cell_cache_load_seq_chunks(
+    cache: *mut okv_kv_cell_cache,
+    data: *const *const u8,
+    lens: *const usize,
+    n: usize,
+    out_seq: *mut u64,
+) -> okv_status {
+    guard(|| unsafe {
+        let what = "okv_kv_cell_cache_load_seq_chunks";
+        let o = out(out_seq, what)?;
+        let ptrs = slice(data, n, "data").map_err(|f| f.within(what))?;
+        let lens = slice(lens, n, "lens").map_err(|f| f.within(what))?;
+        let mut c = lock(cache, what)?;
+        let mut parts = Vec::with_capacity(n);
+        for (i, (&p, &l)) in ptrs.iter().zip(lens).enumerate() {
+            apart_from_pools(&*c, span(p, l), what)?;
+            parts.push(slice(p, l, &format!("data[{i}]")).map_err(|f| f.within(what))?);
+        }
+        let id = c
+            .load_seq_chunks(&parts)
+            .map_err(|e| Fail::from(e).within(what))?;
+        o.set(crate::ids::to_c(id));
+        Ok(())
+    })
+}

@@ -529,6 +529,63 @@ static void test_cell_snapshots(void) {
     }
 }
 
+static uint8_t *save_cell_chunk(okv_kv_cell_cache *kc, uint64_t seq, size_t a, size_t b, size_t *len) {
+    *len = 0;
+    EXPECT_STATUS(okv_kv_cell_cache_save_seq_chunk(kc, seq, a, b, NULL, 0, len), OKV_ERR_BUFFER_TOO_SMALL);
+    uint8_t *buf = (uint8_t *)malloc(*len);
+    EXPECT_OK(okv_kv_cell_cache_save_seq_chunk(kc, seq, a, b, buf, *len, len));
+    return buf;
+}
+
+/* Chunk snapshots: [0, 3) and [3, 7) restore the sequence the whole-prefix
+ * snapshot does (the same bytes saved back); every refusal takes no cell. */
+static void test_cell_chunks(void) {
+    for (uint32_t d = 0; d < N_DTYPES; d++) {
+        uint64_t ids[2], other_ids[2];
+        okv_kv_cell_cache *kc = cells_filled(d, ids);
+        okv_kv_cell_cache *dst = cells_filled(d, other_ids);
+        size_t l0 = 0, l1 = 0, whole_len = 0;
+        uint8_t *c0 = save_cell_chunk(kc, ids[1], 0, 3, &l0);
+        uint8_t *c1 = save_cell_chunk(kc, ids[1], 3, 7, &l1);
+        uint8_t *whole = save_cell_seq(kc, ids[1], OKV_NONE, &whole_len);
+        size_t free_before = 0, free_now = 0;
+        EXPECT_OK(okv_kv_cell_cache_free_cells(dst, &free_before));
+        uint64_t sentinel = 4242;
+        const uint8_t *wrong[2] = {c1, c0};
+        size_t wrong_lens[2] = {l1, l0};
+        EXPECT_STATUS(okv_kv_cell_cache_load_seq_chunks(dst, wrong, wrong_lens, 2, &sentinel), OKV_ERR_SNAPSHOT);
+        EXPECT(strstr(okv_last_error(), "part 0") != NULL);
+        const uint8_t *parts[2] = {c0, c1};
+        size_t lens[2] = {l0, l1 - 1};
+        EXPECT_STATUS(okv_kv_cell_cache_load_seq_chunks(dst, parts, lens, 2, &sentinel), OKV_ERR_SNAPSHOT);
+        EXPECT_STATUS(okv_kv_cell_cache_load_seq_chunks(dst, NULL, NULL, 0, &sentinel), OKV_ERR_INVALID_ARGUMENT);
+        EXPECT_STATUS(okv_kv_cell_cache_load_seq_chunks(dst, NULL, lens, 2, &sentinel), OKV_ERR_NULL_POINTER);
+        lens[1] = l1;
+        EXPECT_STATUS(okv_kv_cell_cache_load_seq_chunks(dst, parts, lens, 2, NULL), OKV_ERR_NULL_POINTER);
+        EXPECT(sentinel == 4242);
+        EXPECT_OK(okv_kv_cell_cache_free_cells(dst, &free_now));
+        EXPECT(free_now == free_before);
+        uint64_t got = 0;
+        EXPECT_OK(okv_kv_cell_cache_load_seq_chunks(dst, parts, lens, 2, &got));
+        size_t again_len = 0, next = 0;
+        EXPECT_OK(okv_kv_cell_cache_next_pos(dst, got, &next));
+        EXPECT(next == 7);
+        uint8_t *again = save_cell_seq(dst, got, OKV_NONE, &again_len);
+        EXPECT(again_len == whole_len && memcmp(again, whole, whole_len) == 0);
+        size_t sl = 99;
+        EXPECT_STATUS(okv_kv_cell_cache_save_seq_chunk(kc, ids[1], 3, 3, NULL, 0, &sl), OKV_ERR_INVALID_ARGUMENT);
+        EXPECT_STATUS(okv_kv_cell_cache_save_seq_chunk(kc, ids[1], 3, 9, NULL, 0, &sl), OKV_ERR_INVALID_ARGUMENT);
+        EXPECT_STATUS(okv_kv_cell_cache_save_seq_chunk(kc, 987654, 0, 3, NULL, 0, &sl), OKV_ERR_UNKNOWN_SEQUENCE);
+        EXPECT(sl == 99);
+        free(again);
+        free(whole);
+        free(c1);
+        free(c0);
+        EXPECT_OK(okv_kv_cell_cache_free(dst));
+        EXPECT_OK(okv_kv_cell_cache_free(kc));
+    }
+}
+
 int main(void) {
     test_names_and_codes();
     test_config_dtypes();
@@ -538,5 +595,6 @@ int main(void) {
     test_seq_snapshots();
     test_ring_save_refusal();
     test_cell_snapshots();
+    test_cell_chunks();
     return CHECK_SUMMARY("dtypes");
 }
