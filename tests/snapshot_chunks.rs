@@ -80,8 +80,11 @@ fn next_step(c: &mut KvCellCache, seq: u64) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// Every pool's row count, K bytes and V bytes.
+type Pools = Vec<(usize, Vec<u8>, Vec<u8>)>;
+
 /// Bookkeeping plus every pool's row count and bytes.
-fn state(c: &KvCellCache) -> (offgraph_kv::CellCache, Vec<(usize, Vec<u8>, Vec<u8>)>) {
+fn state(c: &KvCellCache) -> (offgraph_kv::CellCache, Pools) {
     let pools = (0..c.config().n_layers)
         .map(|l| {
             let p = c.pool(l).unwrap();
