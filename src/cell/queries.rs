@@ -49,6 +49,29 @@ impl CellCache {
             .unwrap_or_default())
     }
 
+    /// The cells of `seq`'s positions in `[start, end)` in `table`, in position
+    /// order: a binary search and the range, not a walk of the whole sequence
+    /// (a chunk snapshot of a long sequence reads only its chunk).
+    pub fn seq_cells_in(
+        &self,
+        seq: SeqId,
+        table: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<Vec<(usize, u32)>> {
+        let ix = self.index_of(seq, "seq_cells_in")?;
+        self.table_ref(table)?;
+        let Some(list) = self.seq_ref(ix).and_then(|s| s.lists.get(table)) else {
+            return Ok(Vec::new());
+        };
+        let first = list.partition_point(|e| e.pos < start);
+        Ok(list
+            .range(first..)
+            .take_while(|e| e.pos < end)
+            .map(|e| (e.pos, e.cell))
+            .collect())
+    }
+
     /// The position cell `cell` of `table` holds, `None` if free.
     pub fn cell_pos(&self, table: usize, cell: usize) -> Result<Option<usize>> {
         let t = self.table_ref(table)?;

@@ -106,11 +106,7 @@ impl KvCellCache {
         }
         let in_range = |table: Option<usize>| -> Result<Vec<(usize, u32)>> {
             match table {
-                Some(t) => Ok(cells
-                    .seq_cells(seq, t)?
-                    .into_iter()
-                    .filter(|(p, _)| (start..end).contains(p))
-                    .collect()),
+                Some(t) => cells.seq_cells_in(seq, t, start, end),
                 None => Ok(Vec::new()),
             }
         };
