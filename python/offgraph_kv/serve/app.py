@@ -66,22 +66,32 @@ class _Choice:
                 start = end
             self.lps = kept
 
+    def _ready(self) -> int:
+        """How many of the unreported tokens may be reported now: all once the choice is over;
+        else those whose text is safe to send (no possible start of a stop string after it),
+        but not the ones ending where a partial character starts (if the generation ends
+        there, the last of them carries the character's U+FFFD, as a whole answer has it)."""
+        if self.reason is not None:
+            return len(self.lps)
+        safe = self._safe_end()
+        hold = len(self.text.rstrip("\ufffd")) if self.text.endswith("\ufffd") else -1
+        n = 0
+        while n < len(self.lps) and self.lps[n][0] <= safe and self.lps[n][0] != hold:
+            n += 1
+        return n
+
     def take_logprobs(self) -> list[P.TokenLogprob] | None:
         """The logprobs of the tokens whose text has been sent (all once the choice is over),
         which are then reported; ``None`` when the job asked for none."""
         if self.job.logprobs is None:
             return None
-        limit, hold = self.sent, -1
-        if self.reason is not None:
-            limit = len(self.text)
-            if self.lps:  # the text's tail (a partial character) is the last token's
-                self.lps[-1] = (limit, self.lps[-1][1])
-        elif self.text.endswith("\ufffd"):
-            # The tokens ending where a partial character starts wait: if the generation ends
-            # there, the last of them carries the character's U+FFFD (as a whole answer has it).
-            hold = len(self.text.rstrip("\ufffd"))
+        if self.reason is not None and self.lps:  # the text's tail (a partial char) is the last's
+            self.lps[-1] = (len(self.text), self.lps[-1][1])
+        limit = len(self.text) if self.reason is not None else self.sent
         out: list[P.TokenLogprob] = []
-        while self.lps and self.lps[0][0] <= limit and self.lps[0][0] != hold:
+        for _ in range(self._ready()):
+            if self.lps[0][0] > limit:
+                break
             end, e = self.lps.pop(0)
             start, self.reported = self.reported, max(self.reported, end)
             text = self.text[start:end]
@@ -89,9 +99,9 @@ class _Choice:
             out.append(P.TokenLogprob(text, start, e.logprob, top))
         return out
 
-    def pending(self) -> str:
-        """Text that is safe to send now: not a possible start of a stop string, not a partial
-        UTF-8 character (the decoder's U+FFFD), unless the choice is over."""
+    def _safe_end(self) -> int:
+        """The end of the text that is safe to send now: not a possible start of a stop string,
+        not a partial UTF-8 character (the decoder's U+FFFD), unless the choice is over."""
         end = len(self.text)
         if self.reason is None:
             while end > self.sent and self.text[end - 1] == "\ufffd":
@@ -101,6 +111,15 @@ class _Choice:
                     if self.text[end - k : end] == s[:k]:
                         end -= k
                         break
+        return end
+
+    def pending(self) -> str:
+        """Text that is safe to send now (see :meth:`_safe_end`). With logprobs, text goes out
+        whole tokens at a time, so a chunk's tokens are exactly the text it carries."""
+        end = self._safe_end()
+        if self.job.logprobs is not None and self.reason is None:
+            n = self._ready()
+            end = max(self.sent, self.lps[n - 1][0] if n else self.reported)
         out = self.text[self.sent : end]
         self.sent = end
         return out
