@@ -112,7 +112,7 @@ def test_logprob_entry_on_torch_and_numpy_rows_agree():
     assert a == b
     want = torch.log_softmax(row.double(), -1)
     assert [t for t, _ in a.top] == [7, 8, *torch.topk(want, 4).indices.tolist()[2:]]
-    assert abs(a.logprob - float(want[8])) < 1e-12
+    assert abs(a.logprob - float(want[8])) < 1e-6  # float32 exponentials, a float64 sum
     assert logprob_entry(row, 3, 0).top == []
     assert len(logprob_entry(np.zeros(3, np.float32), 0, 20).top) == 3  # k beyond the vocab
 
