@@ -40,21 +40,22 @@ class _Choice:
     lps: list[tuple[int, Any]] = field(default_factory=list)
     reported: int = 0
 
-    def add(self, token: int, entry: Any = None) -> None:
+    def add(self, token: int) -> None:
         self.ids.append(token)
         if self.tok is None:
             self.text = " ".join(str(t) for t in self.ids)  # a model without a tokenizer
-        else:
-            self.text = self.tok.decode(self.ids, skip_special_tokens=True)
-            for s in self.stops:
-                i = self.text.find(s)
-                if i >= 0:
-                    self.text = self.text[:i]
-                    self.reason = "stop"
-        if entry is None:
             return
-        # A token's text is what it adds to the choice's text, up to a partial character
-        # (the decoder's U+FFFD), which the token completing the character carries.
+        self.text = self.tok.decode(self.ids, skip_special_tokens=True)
+        for s in self.stops:
+            i = self.text.find(s)
+            if i >= 0:
+                self.text = self.text[:i]
+                self.reason = "stop"
+
+    def add_logprob(self, entry: Any) -> None:
+        """The logprob entry of the token :meth:`add` just took. A token's text is what it
+        added to the choice's text, up to a partial character (the decoder's U+FFFD), which
+        the token completing the character carries."""
         end = len(self.text.rstrip("\ufffd")) if self.reason is None else len(self.text)
         self.lps.append((max(end, self.lps[-1][0] if self.lps else self.reported), entry))
         if self.reason == "stop":  # tokens from the stop string on are not reported
@@ -66,14 +67,13 @@ class _Choice:
                 start = end
             self.lps = kept
 
-    def _ready(self) -> int:
+    def _ready(self, safe: int) -> int:
         """How many of the unreported tokens may be reported now: all once the choice is over;
-        else those whose text is safe to send (no possible start of a stop string after it),
-        but not the ones ending where a partial character starts (if the generation ends
-        there, the last of them carries the character's U+FFFD, as a whole answer has it)."""
+        else those whose text ends by ``safe``, but not the ones ending where a partial
+        character starts (if the generation ends there, the last of them carries the
+        character's U+FFFD, as a whole answer has it)."""
         if self.reason is not None:
             return len(self.lps)
-        safe = self._safe_end()
         hold = len(self.text.rstrip("\ufffd")) if self.text.endswith("\ufffd") else -1
         n = 0
         while n < len(self.lps) and self.lps[n][0] <= safe and self.lps[n][0] != hold:
@@ -87,11 +87,8 @@ class _Choice:
             return None
         if self.reason is not None and self.lps:  # the text's tail (a partial char) is the last's
             self.lps[-1] = (len(self.text), self.lps[-1][1])
-        limit = len(self.text) if self.reason is not None else self.sent
         out: list[P.TokenLogprob] = []
-        for _ in range(self._ready()):
-            if self.lps[0][0] > limit:
-                break
+        for _ in range(self._ready(self.sent)):
             end, e = self.lps.pop(0)
             start, self.reported = self.reported, max(self.reported, end)
             text = self.text[start:end]
@@ -99,9 +96,10 @@ class _Choice:
             out.append(P.TokenLogprob(text, start, e.logprob, top))
         return out
 
-    def _safe_end(self) -> int:
-        """The end of the text that is safe to send now: not a possible start of a stop string,
-        not a partial UTF-8 character (the decoder's U+FFFD), unless the choice is over."""
+    def pending(self) -> str:
+        """Text that is safe to send now: not a possible start of a stop string, not a partial
+        UTF-8 character (the decoder's U+FFFD), unless the choice is over. With logprobs, text
+        goes out whole tokens at a time, so a chunk's tokens are exactly the text it carries."""
         end = len(self.text)
         if self.reason is None:
             while end > self.sent and self.text[end - 1] == "\ufffd":
@@ -111,15 +109,9 @@ class _Choice:
                     if self.text[end - k : end] == s[:k]:
                         end -= k
                         break
-        return end
-
-    def pending(self) -> str:
-        """Text that is safe to send now (see :meth:`_safe_end`). With logprobs, text goes out
-        whole tokens at a time, so a chunk's tokens are exactly the text it carries."""
-        end = self._safe_end()
-        if self.job.logprobs is not None and self.reason is None:
-            n = self._ready()
-            end = max(self.sent, self.lps[n - 1][0] if n else self.reported)
+            if self.job.logprobs is not None:
+                n = self._ready(end)
+                end = max(self.sent, self.lps[n - 1][0] if n else self.reported)
         out = self.text[self.sent : end]
         self.sent = end
         return out
@@ -312,7 +304,10 @@ async def _events(
         if c.reason is not None:
             continue  # over already (a stop string): late events do not count
         if kind == "token":
-            c.add(*arg)  # (token, its logprob entry or None)
+            tok, entry = arg  # the token and its logprob entry (None: none asked)
+            c.add(tok)
+            if entry is not None:
+                c.add_logprob(entry)
             if c.reason is not None:
                 srv.engine.cancel(c.job)
         elif kind == "finished":

@@ -51,7 +51,8 @@ def streamed(tokens, stops, reason="length"):
     """``(chunks' texts, their logprobs)`` as ``_stream`` sends them."""
     c, texts, lps = choice(stops), [], []
     for t in tokens:
-        c.add(t, entry(t))
+        c.add(t)
+        c.add_logprob(entry(t))
         text = c.pending()
         if text or c.reason is not None:
             texts.append(text)
@@ -68,7 +69,8 @@ def whole(tokens, stops, reason="length"):
     c = choice(stops)
     for t in tokens:
         if c.reason is None:
-            c.add(t, entry(t))
+            c.add(t)
+            c.add_logprob(entry(t))
     c.reason = c.reason or reason
     return c, c.take_logprobs()
 
