@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .._errors import CapacityError, InvalidArgumentError
-from .sampling import sampler_for
+from .sampling import MAX_LOGPROBS, LogprobEntry, sampler_for
 
 __all__ = ["Request", "RequestLimits", "RequestTable", "new_request", "prompt_tokens"]
 
@@ -33,6 +33,9 @@ class Request:
     reused: int = 0
     done: bool = False
     finish_reason: str | None = None  # "stop" (an eos token), "length" or "cancelled"
+    logprobs: int | None = None  # top alternatives asked per token; None: no logprobs
+    # Entries of the tokens generated since the last `BatchGenerator.take_logprobs`.
+    logprob_entries: list[LogprobEntry] = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:
@@ -103,6 +106,7 @@ def new_request(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
+    logprobs: int | None = None,
 ) -> Request:
     """A checked request (not queued); its id is drawn from ``ids`` only once every check
     passed, so a refused request takes no id."""
@@ -120,6 +124,7 @@ def new_request(
         raise InvalidArgumentError(f"temperature: expected >= 0, got {temperature}")
     if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
         raise InvalidArgumentError(f"top_p: expected in (0, 1], got {top_p}")
+    top = _logprobs(logprobs)
     total = len(prompt) + max_new - 1
     if total > limits.max_positions:
         raise CapacityError(
@@ -138,7 +143,26 @@ def new_request(
         top_p=float(top_p),
         generator=sampler_for(temperature, seed),
         tokens=list(prompt),
+        logprobs=top,
     )
+
+
+def _logprobs(logprobs: Any) -> int | None:
+    """``logprobs`` checked: ``None`` (off) or an int in ``[0, MAX_LOGPROBS]`` (a bool is not
+    one: ``True`` would silently mean 1)."""
+    if logprobs is None:
+        return None
+    if isinstance(logprobs, bool):
+        raise InvalidArgumentError(f"logprobs: expected an int or None, got {logprobs!r}")
+    try:
+        k = operator.index(logprobs)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"logprobs: expected an int or None, got {type(logprobs).__name__}"
+        ) from None
+    if not 0 <= k <= MAX_LOGPROBS:
+        raise InvalidArgumentError(f"logprobs: expected in [0, {MAX_LOGPROBS}], got {k}")
+    return k
 
 
 class RequestTable:

@@ -35,6 +35,11 @@ class _Choice:
     sent: int = 0  # characters of `text` already streamed
     reason: str | None = None  # set once the choice is over
 
+    # Logprob entries of the tokens not reported yet, each with the end of its text in `text`
+    # (a token's text runs from the previous one's end); `reported` is where the next starts.
+    lps: list[tuple[int, Any]] = field(default_factory=list)
+    reported: int = 0
+
     def add(self, token: int) -> None:
         self.ids.append(token)
         if self.tok is None:
@@ -47,9 +52,54 @@ class _Choice:
                 self.text = self.text[:i]
                 self.reason = "stop"
 
+    def add_logprob(self, entry: Any) -> None:
+        """The logprob entry of the token :meth:`add` just took. A token's text is what it
+        added to the choice's text, up to a partial character (the decoder's U+FFFD), which
+        the token completing the character carries."""
+        end = len(self.text.rstrip("\ufffd")) if self.reason is None else len(self.text)
+        self.lps.append((max(end, self.lps[-1][0] if self.lps else self.reported), entry))
+        if self.reason == "stop":  # tokens from the stop string on are not reported
+            cut, kept, start = len(self.text), [], self.reported
+            for end, e in self.lps:
+                if start >= cut:
+                    break
+                kept.append((min(end, cut), e))
+                start = end
+            self.lps = kept
+
+    def _ready(self, safe: int) -> int:
+        """How many of the unreported tokens may be reported now: all once the choice is over;
+        else those whose text ends by ``safe``, but not the ones ending where a partial
+        character starts (if the generation ends there, the last of them carries the
+        character's U+FFFD, as a whole answer has it)."""
+        if self.reason is not None:
+            return len(self.lps)
+        hold = len(self.text.rstrip("\ufffd")) if self.text.endswith("\ufffd") else -1
+        n = 0
+        while n < len(self.lps) and self.lps[n][0] <= safe and self.lps[n][0] != hold:
+            n += 1
+        return n
+
+    def take_logprobs(self) -> list[P.TokenLogprob] | None:
+        """The logprobs of the tokens whose text has been sent (all once the choice is over),
+        which are then reported; ``None`` when the job asked for none."""
+        if self.job.logprobs is None:
+            return None
+        if self.reason is not None and self.lps:  # the text's tail (a partial char) is the last's
+            self.lps[-1] = (len(self.text), self.lps[-1][1])
+        out: list[P.TokenLogprob] = []
+        for _ in range(self._ready(self.sent)):
+            end, e = self.lps.pop(0)
+            start, self.reported = self.reported, max(self.reported, end)
+            text = self.text[start:end]
+            top = [(text if t == e.token else token_text(self.tok, t), lp) for t, lp in e.top]
+            out.append(P.TokenLogprob(text, start, e.logprob, top))
+        return out
+
     def pending(self) -> str:
         """Text that is safe to send now: not a possible start of a stop string, not a partial
-        UTF-8 character (the decoder's U+FFFD), unless the choice is over."""
+        UTF-8 character (the decoder's U+FFFD), unless the choice is over. With logprobs, text
+        goes out whole tokens at a time, so a chunk's tokens are exactly the text it carries."""
         end = len(self.text)
         if self.reason is None:
             while end > self.sent and self.text[end - 1] == "\ufffd":
@@ -59,9 +109,24 @@ class _Choice:
                     if self.text[end - k : end] == s[:k]:
                         end -= k
                         break
+            if self.job.logprobs is not None:
+                n = self._ready(end)
+                end = max(self.sent, self.lps[n - 1][0] if n else self.reported)
         out = self.text[self.sent : end]
         self.sent = end
         return out
+
+
+def token_text(tok: Any, token_id: int) -> str:
+    """A token's text on its own, for the logprobs' top alternatives: the tokenizer's decoding
+    of it (a native GGUF tokenizer: its bytes, an incomplete character as U+FFFD); its id
+    without a tokenizer. A chosen token's text is what it added to the choice's text."""
+    if tok is None:
+        return str(token_id)
+    raw = getattr(tok, "token_bytes", None)
+    if callable(raw):
+        return bytes(raw(token_id)).decode("utf-8", errors="replace")
+    return tok.decode([token_id])
 
 
 class Server:
@@ -117,6 +182,7 @@ class Server:
                 top_p=req.top_p,
                 seed=None if req.seed is None else req.seed + i,
                 eos=self.eos,
+                logprobs=req.logprob_count(),
                 loop=loop,
                 events=events,
                 index=i,
@@ -208,7 +274,9 @@ async def _complete(srv: Server, request: Request, chat: bool) -> Response:
     if errors:
         raise P.ApiError(500, errors[0].text or "generation failed", "server_error")
     use = _usage(choices, len(ids))
-    body = P.response(chat, rid, srv.model_name, [(c.text, c.reason) for c in choices], use)
+    lps = [P.logprobs_body(chat, c.take_logprobs()) for c in choices]
+    texts = [(c.text, c.reason) for c in choices]
+    body = P.response(chat, rid, srv.model_name, texts, use, lps)
     return JSONResponse(body)
 
 
@@ -236,7 +304,10 @@ async def _events(
         if c.reason is not None:
             continue  # over already (a stop string): late events do not count
         if kind == "token":
-            c.add(arg)
+            tok, entry = arg  # the token and its logprob entry (None: none asked)
+            c.add(tok)
+            if entry is not None:
+                c.add_logprob(entry)
             if c.reason is not None:
                 srv.engine.cancel(c.job)
         elif kind == "finished":
@@ -275,7 +346,8 @@ async def _stream(
                 continue
             text = c.pending()
             if text or c.reason is not None:
-                yield _sse(P.chunk(chat, rid, name, i, text, c.reason))
+                lps = P.logprobs_body(chat, c.take_logprobs())
+                yield _sse(P.chunk(chat, rid, name, i, text, c.reason, logprobs=lps))
         if include_usage:
             yield _sse(P.usage_chunk(chat, rid, name, _usage(choices, n_prompt)))
         yield "data: [DONE]\n\n"
