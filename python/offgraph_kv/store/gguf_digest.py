@@ -88,6 +88,23 @@ def gguf_digest(path: str | os.PathLike[str], samples: int = SAMPLES) -> bytes:
 
 
 def _digest(buf: Any, size: int, path: str, samples: int) -> bytes:
+    header, start, offsets = layout(buf, size, path)
+    h = hashlib.sha256(b"offgraph-kv gguf v1\0")
+    h.update(struct.pack("<QQ", size, samples))
+    h.update(buf[:header])  # magic, version, metadata, tensor infos
+    bounds = sorted(set(offsets)) + [size - start]
+    for lo, hi in zip(bounds, bounds[1:]):
+        n = hi - lo
+        step = max(WINDOW, n // samples)
+        for at in range(0, n, step)[:samples]:
+            h.update(buf[start + lo + at : start + lo + min(at + WINDOW, n)])
+        h.update(buf[start + hi - min(WINDOW, n) : start + hi])
+    return h.digest()
+
+
+def layout(buf: Any, size: int, path: str) -> tuple[int, int, list[int]]:
+    """``(header bytes, start of the tensor data, each tensor's offset in the data)`` of the
+    GGUF bytes ``buf`` (``size`` long, ``path`` names it in errors)."""
     r = _Reader(buf, path)
     if r.take(4) != b"GGUF":
         raise EngineError(f"{path}: not a GGUF file (bad magic)")
@@ -114,14 +131,4 @@ def _digest(buf: Any, size: int, path: str, samples: int) -> bytes:
     data = size - start
     if data < 0 or any(not 0 <= o <= data for o in offsets):
         raise EngineError(f"{path}: a tensor offset lies past the end of the file")
-    h = hashlib.sha256(b"offgraph-kv gguf v1\0")
-    h.update(struct.pack("<QQ", size, samples))
-    h.update(buf[: r.pos])  # magic, version, metadata, tensor infos
-    bounds = sorted(set(offsets)) + [data]
-    for lo, hi in zip(bounds, bounds[1:]):
-        n = hi - lo
-        step = max(WINDOW, n // samples)
-        for at in range(0, n, step)[:samples]:
-            h.update(buf[start + lo + at : start + lo + min(at + WINDOW, n)])
-        h.update(buf[start + hi - min(WINDOW, n) : start + hi])
-    return h.digest()
+    return r.pos, start, offsets
