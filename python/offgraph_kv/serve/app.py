@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import protocol as P
-from .engine import Engine, Job
 from .auth import ApiKeyMiddleware
+from .engine import Engine, Job
 from .tokenize import add_token_routes
 from .tokens import tokens_for
 

@@ -116,7 +116,9 @@ class HfTokens:
         return list(self.tok(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(_check_ids(ids, self.vocab_size), skip_special_tokens=True)
+        # Unchecked, as the server always decoded: a model's vocabulary may be padded past the
+        # tokenizer's, and an id of the padding decodes to nothing rather than failing a stream.
+        return self.tok.decode(list(ids), skip_special_tokens=True)
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
         text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -11,8 +11,8 @@ from .serve_helpers import Server
 
 @pytest.fixture(scope="module")
 def start_server():
-    """``start_server(model, *args, api_key=None)``: a started server, stopped (and checked to exit 0) when
-    the module is done."""
+    """``start_server(model, *args, api_key=None)``: a started server, stopped (and checked to
+    exit 0) when the module is done."""
     started: list[Server] = []
 
     def start(model: str, *args: str, **kw) -> Server:

@@ -191,7 +191,10 @@ def test_concurrent_streams_some_leaving(servers):
 
     async def one(client, i):
         stream = await client.chat.completions.create(
-            model=name, messages=convs[i], max_tokens=48 if i in leaving else 6, stream=True,
+            model=name,
+            messages=convs[i],
+            max_tokens=48 if i in leaving else 6,
+            stream=True,
             temperature=0,
         )
         text = []
@@ -288,7 +291,11 @@ def test_tokenize_detokenize_round_trip(served):
     ]:
         status, _, out = server.post("/tokenize", json.dumps(body).encode())
         assert status == 200, out
-        assert out == {"tokens": want, "count": len(want), "max_model_len": ref.engine.max_positions}
+        assert out == {
+            "tokens": want,
+            "count": len(want),
+            "max_model_len": ref.engine.max_positions,
+        }
         status, _, back = server.post("/detokenize", json.dumps({"tokens": want}).encode())
         assert status == 200, back
         assert back == {"prompt": tok.decode(want, True), "content": tok.decode(want, True)}
