@@ -27,16 +27,17 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .. import _native as _okv
 from .._errors import CapacityError, InvalidArgumentError
-from .model_step import ModelStep, model_step
+from .model_step import CellsModel, ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
 from .sampling import LogprobEntry, logprob_entry, sample
 from .scheduler import Plan, Scheduler
+
+if TYPE_CHECKING:  # annotations only: the native engine's path never imports torch
+    import torch
 
 __all__ = ["BatchGenerator"]
 
@@ -111,7 +112,11 @@ class BatchGenerator:
         self.has_flat = self._sched.has_flat
         self.ring_depth = self._sched.ring_depth
         self._limits = RequestLimits(
-            self.vocab_size, self.max_positions, self.n_cells, self._sched.cells_needed
+            self.vocab_size,
+            self.max_positions,
+            self.n_cells,
+            self._sched.cells_needed,
+            numpy_sampler=isinstance(self.model_step, CellsModel),
         )
         self._ids = itertools.count()
         self._table = RequestTable()

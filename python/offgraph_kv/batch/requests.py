@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .._errors import CapacityError, InvalidArgumentError
 from .sampling import MAX_LOGPROBS, LogprobEntry, sampler_for
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["Request", "RequestLimits", "RequestTable", "new_request", "prompt_tokens"]
+
+
+def _is_tensor(x: Any) -> bool:
+    # A torch tensor exists only once torch is imported: the native engine's path never
+    # imports it just to find out that a list is not a tensor.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 @dataclass(eq=False)  # compared and hashed by identity: the scheduler's prefix index keys by it
@@ -26,7 +35,7 @@ class Request:
     eos: frozenset[int]
     temperature: float
     top_p: float
-    generator: torch.Generator | None
+    generator: Any  # torch.Generator, numpy Generator or None (greedy); see .sampling
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     seq: int | None = None
     fed: int = 0  # tokens[:fed] are held by `seq`
@@ -60,11 +69,12 @@ class RequestLimits:
     max_positions: int
     n_cells: int
     cells_needed: Callable[[int], int]
+    numpy_sampler: bool = False  # the native engine's requests: numpy random sources
 
 
 def prompt_tokens(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int]:
     """``prompt_ids`` (a sequence of ints, a 1-D tensor or a ``[1, T]`` one) as a checked list."""
-    if isinstance(prompt_ids, torch.Tensor):
+    if _is_tensor(prompt_ids):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]
         if prompt_ids.dim() != 1:
@@ -90,8 +100,8 @@ def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     try:
         if eos_token_id is None:
             return frozenset()
-        if isinstance(eos_token_id, (int, torch.Tensor)) or hasattr(eos_token_id, "__index__"):
-            return frozenset([operator.index(eos_token_id)])
+        if _is_tensor(eos_token_id) or hasattr(eos_token_id, "__index__"):
+            return frozenset([operator.index(eos_token_id)])  # type: ignore[arg-type]
         return frozenset(operator.index(t) for t in eos_token_id)
     except TypeError as e:
         raise InvalidArgumentError(f"eos_token_id: expected token ids, got {e}") from e
@@ -141,7 +151,7 @@ def new_request(
         eos=eos,
         temperature=float(temperature),
         top_p=float(top_p),
-        generator=sampler_for(temperature, seed),
+        generator=sampler_for(temperature, seed, numpy=limits.numpy_sampler),
         tokens=list(prompt),
         logprobs=top,
     )

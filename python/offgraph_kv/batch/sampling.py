@@ -1,8 +1,10 @@
 """Choosing a request's next token from its logits row, and the logprobs a request may ask for.
 
 Greedy (``temperature == 0``) takes the argmax; ``temperature > 0`` samples with top-p
-filtering from the request's own ``torch.Generator``, seeded by its ``seed`` (so a seeded
-request repeats whatever it is batched with).
+filtering from the request's own random source, seeded by its ``seed`` (so a seeded request
+repeats whatever it is batched with). A transformers model's requests draw from a
+``torch.Generator`` (as they always did); the native engine's from a numpy ``Generator``, so
+that its path never imports torch (torch alone is ~490 MB resident).
 
 Logprobs (:func:`logprob_entry`) are ``log_softmax`` of the raw logits row the token was
 sampled from: the model's own distribution, before temperature and top-p, as OpenAI's API and
@@ -16,7 +18,6 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
 __all__ = ["MAX_LOGPROBS", "LogprobEntry", "logprob_entry", "sample", "sampler_for"]
 
@@ -33,11 +34,15 @@ class LogprobEntry(NamedTuple):
     top: list[tuple[int, float]]
 
 
-def sampler_for(temperature: float, seed: int | None) -> torch.Generator | None:
+def sampler_for(temperature: float, seed: int | None, numpy: bool = False) -> Any:
     """The random source of a request: ``None`` for greedy, else a generator seeded by
-    ``seed`` (fresh entropy when ``seed`` is ``None``)."""
+    ``seed`` (fresh entropy when ``seed`` is ``None``): numpy's with ``numpy``, else torch's."""
     if temperature <= 0:
         return None
+    if numpy:
+        return np.random.default_rng(None if seed is None else int(seed))
+    import torch
+
     gen = torch.Generator()
     if seed is None:
         gen.seed()
@@ -46,8 +51,14 @@ def sampler_for(temperature: float, seed: int | None) -> torch.Generator | None:
     return gen
 
 
-def sample(logits: Any, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
+def sample(logits: Any, temperature: float, top_p: float, generator: Any) -> int:
     """The next token from one row of logits (a torch tensor or a numpy array, ``[vocab]``)."""
+    if isinstance(logits, np.ndarray) and (
+        generator is None or isinstance(generator, np.random.Generator)
+    ):
+        return _sample_numpy(logits, temperature, top_p, generator)
+    import torch
+
     row = torch.as_tensor(logits)
     if temperature == 0:
         return int(torch.argmax(row))
@@ -66,7 +77,7 @@ def logprob_entry(logits: Any, token: int, k: int) -> LogprobEntry:
     a torch tensor or a numpy array). The exponentials in float32 (vectorized; a 262K
     vocabulary's row costs ~1 ms), their sum and the log in float64; the top ``k`` by
     ``argpartition`` (linear in the vocabulary), only those ``k`` sorted."""
-    row = logits.detach().cpu().numpy() if isinstance(logits, torch.Tensor) else logits
+    row = logits.detach().cpu().numpy() if hasattr(logits, "detach") else logits  # torch
     x = np.asarray(row, dtype=np.float32)
     peak = float(x.max())
     lse = peak + math.log(float(np.exp(x - np.float32(peak)).sum(dtype=np.float64)))
@@ -77,3 +88,21 @@ def logprob_entry(logits: Any, token: int, k: int) -> LogprobEntry:
         idx = idx[np.lexsort((idx, -x[idx]))]  # by logit descending, then by id
         top = [(int(i), float(x[i]) - lse) for i in idx]
     return LogprobEntry(int(token), float(x[token]) - lse, top)
+
+
+def _sample_numpy(row: np.ndarray, temperature: float, top_p: float, rng: Any) -> int:
+    # argmax takes the first of equal maxima, as torch.argmax does.
+    if temperature == 0 or rng is None:
+        return int(np.argmax(row))
+    z = row.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    order = None
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")  # ties keep the lower id first
+        p = p[order]
+        cum = np.cumsum(p)
+        p[cum - p >= top_p * cum[-1]] = 0.0  # keep the smallest head reaching top_p
+    cdf = np.cumsum(p)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    i = min(i, len(p) - 1)
+    return int(order[i]) if order is not None else i

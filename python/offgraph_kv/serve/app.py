@@ -1,5 +1,7 @@
 """The HTTP app: OpenAI's completions and chat completions (whole or streamed), models, health
-and metrics, over an :class:`~offgraph_kv.serve.engine.Engine`."""
+and metrics, over an :class:`~offgraph_kv.serve.engine.Engine`; ``/tokenize`` and
+``/detokenize`` (:mod:`.tokenize`); an API key where one is set (:mod:`.auth`). The tokenizer
+is seen through :mod:`.tokens`' face, the same for both engines."""
 
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .._errors import InvalidArgumentError
 from . import protocol as P
+from .auth import ApiKeyMiddleware
 from .engine import Engine, Job
-from .loading import chat_ids, stop_token_ids
+from .tokenize import add_token_routes
+from .tokens import tokens_for
 
 DEFAULT_MAX_TOKENS = 16  # /v1/completions, as OpenAI's
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -45,7 +50,7 @@ class _Choice:
         if self.tok is None:
             self.text = " ".join(str(t) for t in self.ids)  # a model without a tokenizer
             return
-        self.text = self.tok.decode(self.ids, skip_special_tokens=True)
+        self.text = self.tok.decode(self.ids)
         for s in self.stops:
             i = self.text.find(s)
             if i >= 0:
@@ -118,15 +123,16 @@ class _Choice:
 
 
 def token_text(tok: Any, token_id: int) -> str:
-    """A token's text on its own, for the logprobs' top alternatives: the tokenizer's decoding
-    of it (a native GGUF tokenizer: its bytes, an incomplete character as U+FFFD); its id
-    without a tokenizer. A chosen token's text is what it added to the choice's text."""
+    """A token's text on its own, for the logprobs' top alternatives (the tokenizer face's: a
+    GGUF token's bytes, an incomplete character as U+FFFD); its id without a tokenizer, and
+    nothing for an id past the tokenizer's vocabulary (a model's padded rows). A chosen
+    token's text is what it added to the choice's text."""
     if tok is None:
         return str(token_id)
-    raw = getattr(tok, "token_bytes", None)
-    if callable(raw):
-        return bytes(raw(token_id)).decode("utf-8", errors="replace")
-    return tok.decode([token_id])
+    try:
+        return tok.token_text(token_id)
+    except InvalidArgumentError:
+        return ""
 
 
 class Server:
@@ -134,9 +140,9 @@ class Server:
 
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str):
         self.engine = engine
-        self.tok = tokenizer
+        self.tok = tokens_for(tokenizer)
         self.model_name = model_name
-        self.eos = stop_token_ids(tokenizer)
+        self.eos = frozenset() if self.tok is None else self.tok.stop_ids
         self.created = int(time.time())
 
     def prompt_ids(self, req: Any, chat: bool) -> list[int]:
@@ -144,7 +150,7 @@ class Server:
             if self.tok is None:
                 raise P.ApiError(400, "this model has no tokenizer: use /v1/completions with ids")
             try:
-                return chat_ids(self.tok, req.chat())
+                return self.tok.chat_ids(req.chat())
             except Exception as e:  # no template, or a template that refuses these messages
                 raise P.ApiError(400, f"messages: {e}", param="messages") from None
         prompt = req.prompt_input()
@@ -154,7 +160,7 @@ class Server:
             raise P.ApiError(
                 400, "this model has no tokenizer: send the prompt as token ids", param="prompt"
             )
-        ids = list(self.tok(prompt)["input_ids"])
+        ids = self.tok.encode(prompt)
         if not ids:
             raise P.ApiError(400, "prompt: no tokens", param="prompt")
         return ids
@@ -192,7 +198,16 @@ class Server:
         return jobs, ids, events
 
 
-def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
+def create_app(
+    engine: Engine,
+    tokenizer: Any,
+    model_name: str,
+    api_key: str | None = None,
+    protect_metrics: bool = False,
+) -> FastAPI:
+    """The app; ``tokenizer`` a GGUF or Hugging Face tokenizer (or its :mod:`.tokens` face, or
+    ``None``); with ``api_key``, /v1 and the token routes (and /health, /metrics with
+    ``protect_metrics``) need ``Authorization: Bearer <api_key>``."""
     srv = Server(engine, tokenizer, model_name)
 
     @contextlib.asynccontextmanager
@@ -205,6 +220,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
 
     app = FastAPI(title="offgraph-kv", lifespan=lifespan)
     app.state.server = srv
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, key=api_key, protect_metrics=protect_metrics)
 
     @app.exception_handler(P.ApiError)
     async def api_error(request: Request, e: P.ApiError) -> JSONResponse:
@@ -219,6 +236,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         return await _complete(srv, request, chat=True)
+
+    add_token_routes(app, srv)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

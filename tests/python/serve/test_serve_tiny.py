@@ -269,3 +269,17 @@ def test_sigterm_mid_stream_finishes_the_stream_and_exits_0(model_dir):
         assert s.proc.wait(120) == 0, s.output()
     finally:
         s.stop()
+
+
+def test_engine_native_refuses_a_transformers_directory(model_dir):
+    import subprocess
+    import sys
+
+    from .serve_helpers import free_port
+
+    cmd = [sys.executable, "-m", "offgraph_kv", "serve", model_dir, "--engine", "native"]
+    out = subprocess.run(
+        [*cmd, "--port", str(free_port())], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode != 0
+    assert "native engine runs .gguf files" in out.stderr and "--engine torch" in out.stderr
