@@ -1,19 +1,22 @@
-"""``offgraph-kv serve`` against ``transformers serve --continuous-batching`` under one chat load.
+"""``offgraph-kv serve`` against llama.cpp's ``llama-server`` (and its own torch path, and
+``transformers serve``) under one shared-prefix chat load, then one stream at a time.
 
 The load generator (the ``openai`` async client) replays a chat workload against each server in
-turn, on the same model (Gemma 3 270M from its PyPI package; transformers serve loads it from a
-local directory this script writes with ``save_pretrained``) and the same torch threads:
+turn, on the same GGUF (Gemma 3 270M from its PyPI package by default) and the same threads:
 ``--requests`` requests, ``--concurrency`` at a time, every one sharing a ``--system-tokens``
 system prompt and adding 32-64 distinct user tokens, ``--new-tokens`` generated tokens each,
-greedy, streamed. Reported per server: generated tokens/s over the wall time, time to first
-token p50/p99 and inter-token latency p50/p99 (gaps between streamed chunks, per token). The
-targets: offgraph-kv >= 3x the throughput and <= 1/5 the p50 TTFT of transformers serve, and
-its own p99 inter-token latency <= 3x its p50.
+greedy, streamed. Then ``--single`` requests one after another (single-stream decode). Reported
+per server: generated tokens/s over the wall time, time to first token p50/p99, inter-token
+latency p50/p99 (gaps between streamed chunks), single-stream decode tokens/s (median), peak
+resident memory. Targets against llama-server (``-np 16 --cont-batching``): throughput >= 2x,
+TTFT p50 <= 0.5x and p99 <= 0.2x, inter-token p50 <= 1.0x, single-stream decode >= 1.0x.
 
-    python benches/bench_serve.py                       # the full workload, both servers
-    python benches/bench_serve.py --requests 16 --concurrency 8 --system-tokens 512 \\
-        --new-tokens 16                                 # the same shape, scaled down
-    python benches/bench_serve.py --quick               # CI: a small load, offgraph-kv only
+llama.cpp is not vendored: build ``llama-server`` as ``bench_engine.py`` says and pass
+``--llama-server PATH``.
+
+    python benches/bench_serve.py --llama-server PATH            # native, torch path, llama-server
+    python benches/bench_serve.py --servers okv,llama --llama-server PATH
+    python benches/bench_serve.py --quick                        # CI: a small load, native only
 
 Writes a JSON of the figures (``--json``) and a plot (``--plot``).
 """
@@ -24,16 +27,25 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
-import subprocess
+import random
+import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serve_load import (  # noqa: E402 (the benches directory is not a package)
+    chat_stream,
+    client_for,
+    gguf_path,
+    llama_flags,
+    llama_server,
+    okv_server,
+    pct,
+    ratio,
+)
 
 TEXT = (
     "Four score and seven years ago our fathers brought forth on this continent, a new nation, "
@@ -49,120 +61,86 @@ WORDS = (
     "lantern window harbour meadow orchard candle letter journey winter summer autumn spring"
 ).split()
 
+NAMES = {
+    "okv": "offgraph-kv",
+    "okv-torch": "offgraph-kv torch",
+    "llama": "llama-server",
+    "transformers": "transformers",
+}
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def tokenizer(model: str):
+    """The GGUF's own tokenizer (the native engine's), to size the workload's texts."""
+    from offgraph_kv.engine import GgufModel
+
+    return GgufModel(gguf_path(model), threads=1).tokenizer
+
+
+def text_of(tok, n_tokens: int, seed_text: str) -> str:
+    text, part = "", 0
+    while len(tok.encode(text, add_special_tokens=False)) < n_tokens:
+        part += 1
+        text += f"Part {part}. {seed_text}"
+    return tok.decode(tok.encode(text, add_special_tokens=False)[:n_tokens])
+
+
+def user_text(tok, rng: random.Random, label: str, lo: int, hi: int) -> str:
+    want = rng.randint(lo, hi)
+    words = [label]
+    while len(tok.encode(" ".join(words), add_special_tokens=False)) < want:
+        words.append(rng.choice(WORDS))
+    return tok.decode(tok.encode(" ".join(words), add_special_tokens=False)[:want])
 
 
 def workload(tok, n: int, system_tokens: int, seed: int = 0):
     """``n`` chat conversations: one shared system prompt of ``system_tokens`` tokens, then a
     distinct user message of 32-64 tokens each."""
-    import random
-
     rng = random.Random(seed)
-    text, part = "", 0
-    while len(tok(text, add_special_tokens=False)["input_ids"]) < system_tokens:
-        part += 1
-        text += f"Part {part}. {TEXT}"
-    system = tok.decode(tok(text, add_special_tokens=False)["input_ids"][:system_tokens])
-    convs = []
-    for i in range(n):
-        want = rng.randint(32, 64)
-        words = [f"Question {i}:"]
-        while len(tok(" ".join(words), add_special_tokens=False)["input_ids"]) < want:
-            words.append(rng.choice(WORDS))
-        user = tok.decode(tok(" ".join(words), add_special_tokens=False)["input_ids"][:want])
-        convs.append([{"role": "system", "content": system}, {"role": "user", "content": user}])
-    return convs
-
-
-class Proc:
-    """A server process, ready once ``path`` answers 200."""
-
-    def __init__(self, cmd: list[str], port: int, path: str, log: Path, timeout: float = 1800):
-        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{cmd[:4]} exited {self.proc.returncode}; see {log}")
-            try:
-                with urllib.request.urlopen(self.url + path, timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{cmd[:4]} did not start; see {log}")
-            time.sleep(1)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
+    system = text_of(tok, system_tokens, TEXT)
+    return [
+        [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user_text(tok, rng, f"Question {i}:", 32, 64)},
+        ]
+        for i in range(n)
+    ]
 
 
 async def replay(url: str, model: str, convs, concurrency: int, new_tokens: int) -> dict:
-    """Run the workload; per-request TTFT, inter-token gaps and token counts."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=7200)
+    """The load: every conversation, ``concurrency`` at a time."""
+    client = client_for(url)
     sem = asyncio.Semaphore(concurrency)
-    ttft: list[float] = []
-    itl: list[float] = []
-    tokens = 0
 
-    async def one(msgs) -> None:
-        nonlocal tokens
+    async def one(msgs):
         async with sem:
-            t0 = time.perf_counter()
-            stream = await client.chat.completions.create(
-                model=model,
-                messages=msgs,
-                max_tokens=new_tokens,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            last, chunks, used = None, 0, None
-            async for c in stream:
-                if c.usage is not None:
-                    used = c.usage.completion_tokens
-                if not (c.choices and c.choices[0].delta.content):
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    ttft.append(now - t0)
-                else:
-                    itl.append(now - last)
-                last, chunks = now, chunks + 1
-            tokens += used if used is not None else chunks
+            return await chat_stream(client, model, msgs, new_tokens)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(m) for m in convs))
+    done = await asyncio.gather(*(one(m) for m in convs))
     wall = time.perf_counter() - t0
     await client.close()
-    return {"wall_s": wall, "tokens": tokens, "ttft": ttft, "itl": itl}
+    return {
+        "wall_s": wall,
+        "tokens": sum(d.completion_tokens for d in done),
+        "ttft": [d.ttft for d in done],
+        "itl": [g for d in done for g in d.gaps],
+    }
 
 
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+async def single(url: str, model: str, convs, new_tokens: int) -> list[float]:
+    """One stream at a time: each request's decode rate (tokens after the first over the time
+    from the first streamed token to the last)."""
+    client = client_for(url)
+    rates = []
+    for msgs in convs:
+        d = await chat_stream(client, model, msgs, new_tokens)
+        if d.completion_tokens > 1 and d.decode_s > 0:
+            rates.append((len(d.gaps)) / d.decode_s)
+    await client.close()
+    return rates
 
 
-def summary(r: dict) -> dict:
+def summary(r: dict, rates: list[float], peak_rss: int) -> dict:
     return {
         "tok_per_s": r["tokens"] / r["wall_s"],
         "tokens": r["tokens"],
@@ -171,30 +149,41 @@ def summary(r: dict) -> dict:
         "ttft_p99_s": pct(r["ttft"], 99),
         "itl_p50_s": pct(r["itl"], 50),
         "itl_p99_s": pct(r["itl"], 99),
+        "single_tok_per_s": statistics.median(rates) if rates else float("nan"),
+        "peak_rss_mib": peak_rss / 2**20,
     }
 
 
 def table(res: dict) -> str:
     rows = [
-        "| server | tokens/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (s) | ITL p99 (s) |",
-        "|---|---|---|---|---|---|",
+        "| server | tokens/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (s) | ITL p99 (s) "
+        "| 1-stream tok/s | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, s in res.items():
         rows.append(
-            f"| {name} | {s['tok_per_s']:.2f} | {s['ttft_p50_s']:.2f} | {s['ttft_p99_s']:.2f} "
-            f"| {s['itl_p50_s']:.3f} | {s['itl_p99_s']:.3f} |"
+            f"| {name} | {s['tok_per_s']:.1f} | {s['ttft_p50_s']:.2f} | {s['ttft_p99_s']:.2f} "
+            f"| {s['itl_p50_s']:.3f} | {s['itl_p99_s']:.3f} | {s['single_tok_per_s']:.1f} "
+            f"| {s['peak_rss_mib']:.0f} |"
         )
-    if "offgraph-kv" in res and "transformers" in res:
-        a, b = res["offgraph-kv"], res["transformers"]
-        rows.append("")
+    a = res.get("offgraph-kv")
+    b = res.get("llama-server")
+    if a and b:
+        rows += [
+            "",
+            "offgraph-kv / llama-server (targets): "
+            f"throughput {ratio(a['tok_per_s'], b['tok_per_s']):.2f}x (>= 2), "
+            f"TTFT p50 {ratio(a['ttft_p50_s'], b['ttft_p50_s']):.2f}x (<= 0.5), "
+            f"TTFT p99 {ratio(a['ttft_p99_s'], b['ttft_p99_s']):.2f}x (<= 0.2), "
+            f"ITL p50 {ratio(a['itl_p50_s'], b['itl_p50_s']):.2f}x (<= 1.0), "
+            f"single-stream decode {ratio(a['single_tok_per_s'], b['single_tok_per_s']):.2f}x "
+            "(>= 1.0)",
+        ]
+    t = res.get("offgraph-kv torch")
+    if a and t:
         rows.append(
-            f"throughput {a['tok_per_s'] / b['tok_per_s']:.1f}x transformers serve (target >= 3x);"
-            f" TTFT p50 {a['ttft_p50_s'] / b['ttft_p50_s']:.3f}x (target <= 0.2x)"
-        )
-    if "offgraph-kv" in res:
-        a = res["offgraph-kv"]
-        rows.append(
-            f"offgraph-kv ITL p99 / p50 = {a['itl_p99_s'] / a['itl_p50_s']:.2f} (target <= 3)"
+            f"native / torch path: throughput {ratio(a['tok_per_s'], t['tok_per_s']):.2f}x, "
+            f"single-stream decode {ratio(a['single_tok_per_s'], t['single_tok_per_s']):.2f}x"
         )
     return "\n".join(rows)
 
@@ -206,93 +195,113 @@ def plot(res: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(res)
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
-    for ax, (key, label) in zip(
-        axes,
-        [
-            ("tok_per_s", "generated tokens/s"),
-            ("ttft_p50_s", "TTFT p50 (s)"),
-            ("itl_p99_s", "inter-token p99 (s)"),
-        ],
-    ):
-        ax.bar(names, [res[n][key] for n in names], color=["#3b7", "#888"][: len(names)])
+    keys = [
+        ("tok_per_s", "generated tokens/s"),
+        ("ttft_p50_s", "TTFT p50 (s)"),
+        ("itl_p50_s", "inter-token p50 (s)"),
+        ("single_tok_per_s", "single-stream tokens/s"),
+    ]
+    fig, axes = plt.subplots(1, len(keys), figsize=(13, 3.4))
+    colours = ["#3b7", "#7ad", "#d84", "#888"]
+    for ax, (key, label) in zip(axes, keys):
+        ax.bar(names, [res[n][key] for n in names], color=colours[: len(names)])
         ax.set_title(label)
+        ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
+def run_one(kind: str, args, tmp: Path, convs, singles) -> tuple[dict, str]:
+    """Start server ``kind``, replay the load and the single streams, stop it."""
+    cells = args.system_tokens + args.requests * (64 + args.new_tokens + 64)
+    log = tmp / f"{kind}.log"
+    served = args.model
+    if kind in ("okv", "okv-torch"):
+        engine = "native" if kind == "okv" else "torch"
+        extra = ["--max-batch-tokens", str(args.max_batch_tokens), "--kv-dtype", args.kv_dtype]
+        proc = okv_server(args.model, engine, args.threads, cells, log, extra)
+        flags = f"--engine {engine} --n-cells {cells} " + " ".join(extra)
+    elif kind == "llama":
+        if not args.llama_server:
+            raise SystemExit("--servers llama needs --llama-server PATH")
+        slots = args.concurrency
+        per_slot = args.system_tokens + 64 + args.new_tokens + 64
+        proc = llama_server(
+            args.llama_server, args.model, args.threads, slots * per_slot, slots, log
+        )
+        flags = llama_flags(proc)
+    else:
+        proc, served, flags = transformers_server(args, tmp, log)
+    try:
+        r = asyncio.run(replay(proc.url, served, convs, args.concurrency, args.new_tokens))
+        rates = asyncio.run(single(proc.url, served, singles, args.new_tokens))
+    finally:
+        rc = proc.stop()
+    out = summary(r, rates, proc.peak_rss)
+    out["flags"] = flags
+    out["exit"] = rc
+    return out, flags
+
+
+def transformers_server(args, tmp: Path, log: Path):
+    from offgraph_kv.serve.loading import load
+    from serve_load import Proc, free_port
+
+    local = tmp / args.model
+    model, tok, _ = load(args.model)
+    model.save_pretrained(local)
+    tok.save_pretrained(local)
+    del model
+    port = free_port()
+    code = "import sys; from transformers.cli.transformers import main; sys.exit(main())"
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    cmd = [sys.executable, "-c", code, "serve", str(local), "--continuous-batching"]
+    cmd += ["--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+    return Proc(cmd, port, "/health", log), str(local), "--continuous-batching --device cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--servers", default="okv,okv-torch,llama", help=f"of {','.join(NAMES)}")
+    ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server executable")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--system-tokens", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--single", type=int, default=4, help="requests run one at a time")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--kv-dtype", default="float32")
-    ap.add_argument("--no-transformers", action="store_true", help="offgraph-kv serve only")
-    ap.add_argument("--quick", action="store_true", help="CI: 8 requests, offgraph-kv only")
+    ap.add_argument("--quick", action="store_true", help="CI: 8 requests, native engine only")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--log-dir", default=None, help="keep the servers' logs here")
     ap.add_argument("--plot", default=None)
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.concurrency, args.system_tokens, args.new_tokens = 8, 4, 128, 8
-        args.no_transformers = True
+        args.single, args.servers = 2, "okv"
+    kinds = [k.strip() for k in args.servers.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in NAMES]
+    if unknown:
+        raise SystemExit(f"--servers: unknown {unknown}; known: {list(NAMES)}")
 
-    from offgraph_kv.serve.loading import GEMMA3_TEMPLATE, load, load_tokenizer
-
-    name = "gemma-3-270m"
-    tok = load_tokenizer(name)
-    tok.chat_template = tok.chat_template or GEMMA3_TEMPLATE
+    tok = tokenizer(args.model)
     convs = workload(tok, args.requests, args.system_tokens)
+    singles = workload(tok, args.single, args.system_tokens, seed=1)
     print(
         f"workload: {args.requests} chat requests, {args.concurrency} concurrent, a shared "
         f"{args.system_tokens}-token system prompt, 32-64 user tokens, {args.new_tokens} new "
-        f"tokens, greedy; Gemma 3 270M, {args.threads} threads",
+        f"tokens, greedy; then {args.single} one at a time; {args.model}, {args.threads} threads",
         flush=True,
     )
     res: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        cells = args.system_tokens + args.requests * (64 + args.new_tokens + 64)
-        okv = Proc(
-            [sys.executable, "-m", "offgraph_kv", "serve", "gemma-3-270m", "--port", str(port)]
-            + ["--threads", str(args.threads), "--kv-dtype", args.kv_dtype]
-            + ["--n-cells", str(cells), "--max-batch-tokens", "512", "--log-level", "warning"],
-            port,
-            "/health",
-            Path(tmp) / "offgraph-kv.log",
-        )
-        try:
-            r = asyncio.run(replay(okv.url, name, convs, args.concurrency, args.new_tokens))
-        finally:
-            rc = okv.stop()
-        res["offgraph-kv"] = summary(r)
-        print(f"offgraph-kv serve (exit {rc}): {json.dumps(res['offgraph-kv'])}", flush=True)
-        if not args.no_transformers:
-            local = Path(tmp) / "gemma-3-270m"
-            model, tok, _ = load("gemma-3-270m")
-            model.save_pretrained(local)
-            tok.save_pretrained(local)
-            del model
-            port = free_port()
-            code = "import sys; from transformers.cli.transformers import main; sys.exit(main())"
-            env_threads = {"OMP_NUM_THREADS": str(args.threads)}
-            os.environ.update(env_threads)
-            tf = Proc(
-                [sys.executable, "-c", code, "serve", str(local), "--continuous-batching"]
-                + ["--device", "cpu", "--host", "127.0.0.1", "--port", str(port)],
-                port,
-                "/health",
-                Path(tmp) / "transformers.log",
-            )
-            try:
-                r = asyncio.run(
-                    replay(tf.url, str(local), convs, args.concurrency, args.new_tokens)
-                )
-            finally:
-                tf.stop()
-            res["transformers"] = summary(r)
-            print(f"transformers serve: {json.dumps(res['transformers'])}", flush=True)
+        tmp = args.log_dir or tmp
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+        for kind in kinds:
+            res[NAMES[kind]], flags = run_one(kind, args, Path(tmp), convs, singles)
+            print(f"{NAMES[kind]} ({flags}): {json.dumps(res[NAMES[kind]])}", flush=True)
     print(table(res))
     if args.json:
         with open(args.json, "w") as f:

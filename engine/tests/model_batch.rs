@@ -117,6 +117,47 @@ fn batched_fork_equals_each_alone_gemma3() {
     batched_equals_alone(&mut gemma3());
 }
 
+/// A sequence whose cells are not contiguous (another sequence took the
+/// cell after its prompt) decodes as if they were: the other sequence's
+/// cells are masked out, whatever they hold. On f32 activations, for the
+/// reason `batched_equals_alone` gives.
+fn interleaved_cells_equal_contiguous(model: &mut Model) {
+    model.set_exact_matmul(true);
+    let model = &*model;
+    let ids = prompt(model, 12, 0);
+    let other = prompt(model, 5, 40);
+    let mut decoded = Vec::new();
+    for hole in [0usize, 1, other.len()] {
+        let mut kc = cache(model, KvDtype::Float32);
+        let (a, _) = prefill(model, &mut kc, &ids, 64);
+        if hole > 0 {
+            prefill(model, &mut kc, &other[..hole], 64);
+        }
+        decoded.push(
+            model
+                .forward(&mut kc, &[ids[3]], &[a], &[12], &[0])
+                .unwrap(),
+        );
+    }
+    for (i, got) in decoded.iter().enumerate().skip(1) {
+        let d = rel_diff(got, &decoded[0]);
+        println!(
+            "another sequence's cells inside the sequence's ({i}): relative difference {d:.2e}"
+        );
+        assert!(d <= 1e-4, "{d}");
+    }
+}
+
+#[test]
+fn interleaved_cells_equal_contiguous_smollm2() {
+    interleaved_cells_equal_contiguous(&mut smollm2());
+}
+
+#[test]
+fn interleaved_cells_equal_contiguous_gemma3() {
+    interleaved_cells_equal_contiguous(&mut gemma3());
+}
+
 fn chunked_equals_one(model: &mut Model) {
     model.set_exact_matmul(true);
     let model = &*model;

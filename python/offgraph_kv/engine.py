@@ -88,6 +88,16 @@ class GgufModel:
         self.path = os.fspath(path)
         self._core = _native.GgufModelCore(self.path, threads)
         self.tokenizer = GgufTokenizer(self._core.tokenizer)
+        self._digest: bytes | None = None
+
+    def weights_digest(self) -> bytes:
+        """SHA-256 of the file's header and a strided sample of every tensor's bytes (what a
+        :class:`~offgraph_kv.store.PrefixStore` binds its keys to), computed once."""
+        if self._digest is None:
+            from .store.gguf_digest import gguf_digest
+
+            self._digest = gguf_digest(self.path)
+        return self._digest
 
     @property
     def threads(self) -> int:

@@ -1480,6 +1480,61 @@ def _host_rows():
 _host_rows()
 
 
+# --- the batch generator's logprobs ------------------------------------------------
+
+
+_TINY: list = []  # the tiny model, built on first use (transformers only for these rows)
+
+
+def batch_world():
+    from model_helpers import tiny_model
+    from offgraph_kv.batch import BatchGenerator
+
+    if not _TINY:
+        _TINY.append(tiny_model("llama"))
+    gen = BatchGenerator(_TINY[0], n_cells=64, max_batch_tokens=8)
+    on = gen.add([1, 2, 3], 4, logprobs=2)
+    off = gen.add([4, 5], 4)
+    gen.step()
+    gen.add([6, 7], 2, logprobs=1)  # waiting
+
+    def snap():
+        st = gen.stats
+        waiting = [(r.rid, r.logprobs) for r in gen._waiting]
+        return st, list(gen.kc.live_seqs), gen.kc.free_cells, waiting, repr(gen._ids)
+
+    return SimpleNamespace(gen=gen, on=on, off=off, snap=snap)
+
+
+def _batch_rows():
+    n, w = "BatchGenerator", batch_world
+    bad = [("-1", -1), ("21", 21), ("2**64", 2**64), ("True", True), ("False", False),
+           ("1.0", 1.0), ("str", "3"), ("list", [1]), ("np.float32", np.float32(2))]  # fmt: skip
+    for case, v in bad:
+        row(f"{n}.add", f"logprobs {case}", w,
+            lambda x, v=v: x.gen.add([1, 2], 2, logprobs=v), E.InvalidArgumentError)  # fmt: skip
+    for case, v in [("None", None), ("0", 0), ("20", 20), ("np.int64", np.int64(3))]:
+        want = None if v is None else int(v)
+        row(f"{n}.add", f"logprobs {case}", w, lambda x, v=v: x.gen.add([1, 2], 2, logprobs=v),
+            OK, lambda x, r, k=want: x.gen._waiting[-1].logprobs == k)  # fmt: skip
+    # Not an id of this generator: None, as request_info answers; nothing changes.
+    for case, v in [("unknown", 99), ("-1", -1), ("str", "0"), ("bool", False), ("list", [0]),
+                    ("None", None), ("1.0", 1.0)]:  # fmt: skip
+        row(f"{n}.take_logprobs", case, w, lambda x, v=v: x.gen.take_logprobs(v), OK,
+            lambda x, r: r is None)  # fmt: skip
+    row(f"{n}.take_logprobs", "no argument", w, lambda x: x.gen.take_logprobs(), TypeError)
+    row(f"{n}.take_logprobs", "asked: one entry per token", w,
+        lambda x: x.gen.take_logprobs(x.on), OK,
+        lambda x, r: [len(e.top) for e in r] == [2] and not x.gen.take_logprobs(x.on))  # fmt: skip
+    row(f"{n}.take_logprobs", "not asked", w, lambda x: x.gen.take_logprobs(x.off), OK,
+        lambda x, r: r == [])  # fmt: skip
+    row(f"{n}.take_logprobs", "np.int64 id", w, lambda x: x.gen.take_logprobs(np.int64(x.on)),
+        OK, lambda x, r: len(r) == 1)  # fmt: skip
+
+
+_batch_rows()
+
+
 # --- running the table ----------------------------------------------------------
 
 
@@ -1536,6 +1591,15 @@ def public_api():
         obj = getattr(reg, n)
         if not n.startswith("_") and inspect.isfunction(obj) and obj.__module__ == reg.__name__:
             names.add(f"registry.{n}")
+    # The batch generator's logprobs faces (its other refusals are tested in test_batch.py): any
+    # member named for logprobs or taking them needs rows here.
+    from offgraph_kv.batch import BatchGenerator
+
+    for n in dir(BatchGenerator):
+        obj = getattr(BatchGenerator, n)
+        if not n.startswith("_") and inspect.isfunction(obj):
+            if "logprobs" in n or "logprobs" in inspect.signature(obj).parameters:
+                names.add(f"BatchGenerator.{n}")
     # the native module's public functions are what registry.* wraps, plus attend and dequantize
     for n in dir(_native):
         obj = getattr(_native, n)

@@ -11,6 +11,9 @@ Usage::
     while gen.has_work:
         for rid, token in gen.step():
             ...
+    # logprobs=k (0..20): each token's logprob and its step's top k, taken as they come
+    rid = gen.add(ids, max_new_tokens=8, logprobs=5)
+    gen.step(); gen.take_logprobs(rid)   # [LogprobEntry(token, logprob, top=[(id, lp), ...])]
 
 One cache, one forward per step: every layer of the model writes into one cell cache (flat
 layers and ``Ring(window)`` layers); a step is one forward over the flattened tokens of every
@@ -28,7 +31,8 @@ Where each part lives (what to change for what):
 * :mod:`.transformers_step`: the transformers implementation (the cell attention function
   registered as :data:`CELL_ATTN_NAME`, the per-layer cache faces, ``logits_to_keep``);
   imported only for a transformers model.
-* :mod:`.sampling`: greedy, temperature and top-p from a per-request seeded generator.
+* :mod:`.sampling`: greedy, temperature and top-p from a per-request seeded generator; the
+  logprob entries (``log_softmax`` of the raw logits row, top-k by ``argpartition``).
 * :mod:`.requests`: a request's fields and checks, the table of requests by id.
 """
 

@@ -12,24 +12,32 @@ request by id.
   ``cancel`` and read ``stats``/``request_info`` while its engine thread steps. One thread steps.
 * **Stopping.** A request stops at ``max_new_tokens`` or at one of its ``eos_token_id`` tokens,
   which ends its output (as ``generate``'s outputs do).
+* **Logprobs.** A request added with ``logprobs=k`` (0 to 20) records, for each token it
+  generates, the token's logprob and the ``k`` most likely tokens under ``log_softmax`` of the
+  raw logits row it was sampled from (the model's distribution, before temperature and top-p:
+  what OpenAI's API and vLLM report); :meth:`BatchGenerator.take_logprobs` hands over the
+  entries since the last call, so a server thread collects them per token and nothing grows.
+  Requests without logprobs cost nothing.
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .. import _native as _okv
 from .._errors import CapacityError, InvalidArgumentError
-from .model_step import ModelStep, model_step
+from .model_step import CellsModel, ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
-from .sampling import sample
+from .sampling import LogprobEntry, logprob_entry, sample
 from .scheduler import Plan, Scheduler
+
+if TYPE_CHECKING:  # annotations only: the native engine's path never imports torch
+    import torch
 
 __all__ = ["BatchGenerator"]
 
@@ -128,7 +136,11 @@ class BatchGenerator:
         self.has_flat = self._sched.has_flat
         self.ring_depth = self._sched.ring_depth
         self._limits = RequestLimits(
-            self.vocab_size, self.max_positions, self.n_cells, self._sched.cells_needed
+            self.vocab_size,
+            self.max_positions,
+            self.n_cells,
+            self._sched.cells_needed,
+            numpy_sampler=isinstance(self.model_step, CellsModel),
         )
         self._ids = itertools.count()
         self._table = RequestTable()
@@ -185,9 +197,15 @@ class BatchGenerator:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        logprobs: int | None = None,
     ) -> int:
-        """Queue a request; returns its id. It joins the batch at the next step it fits."""
-        req = self._request(prompt_ids, max_new_tokens, eos_token_id, temperature, top_p, seed)
+        """Queue a request; returns its id. It joins the batch at the next step it fits.
+
+        ``logprobs``: ``None`` (no logprobs) or ``k`` in ``[0, 20]``: record each generated
+        token's logprob and its step's top ``k`` (see :meth:`take_logprobs`)."""
+        req = self._request(
+            prompt_ids, max_new_tokens, eos_token_id, temperature, top_p, seed, logprobs
+        )
         with self._lock:
             self._queue([req])
         return req.rid
@@ -237,6 +255,26 @@ class BatchGenerator:
         :meth:`pop_finished`."""
         with self._lock:
             return self._table.info(rid)
+
+    def take_logprobs(self, rid: int) -> list[LogprobEntry] | None:
+        """The logprob entries of ``rid``'s tokens generated since the last call, oldest first,
+        each a :class:`~offgraph_kv.batch.sampling.LogprobEntry` ``(token, logprob, top)`` with
+        ``top`` the ``k`` most likely ``(token, logprob)`` of that step, most likely first.
+        ``[]`` for a request added without ``logprobs`` (or nothing new); ``None`` for an id
+        never added, or forgotten (:meth:`forget_finished`, :meth:`pop_finished`), whose
+        entries are forgotten with it. A finished request's last entries stay until then."""
+        if isinstance(rid, bool):  # True is not request 1
+            return None
+        try:
+            key = operator.index(rid)
+        except TypeError:
+            return None  # not an id: no such request, as request_info answers
+        with self._lock:
+            req = self._table.live.get(key) or self._table.finished.get(key)
+            if req is None:
+                return None
+            out, req.logprob_entries = req.logprob_entries, []
+            return out
 
     @property
     def has_work(self) -> bool:
@@ -323,6 +361,8 @@ class BatchGenerator:
         out: list[tuple[int, int]] = []
         for i, req in enumerate(samplers):
             tok = sample(logits[i], req.temperature, req.top_p, req.generator)
+            if req.logprobs is not None:  # only requests that asked pay for the softmax
+                req.logprob_entries.append(logprob_entry(logits[i], tok, req.logprobs))
             req.tokens.append(tok)
             out.append((req.rid, tok))
             self._counts["generated_tokens"] += 1

@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .._errors import CapacityError, InvalidArgumentError
-from .sampling import sampler_for
+from .sampling import MAX_LOGPROBS, LogprobEntry, sampler_for
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Request", "RequestLimits", "RequestTable", "new_request", "prompt_tokens"]
+
+
+def _is_tensor(x: Any) -> bool:
+    # A torch tensor exists only once torch is imported: the native engine's path never
+    # imports it just to find out that a list is not a tensor.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 @dataclass(eq=False)  # compared and hashed by identity: the scheduler's prefix index keys by it
@@ -26,13 +35,16 @@ class Request:
     eos: frozenset[int]
     temperature: float
     top_p: float
-    generator: torch.Generator | None
+    generator: Any  # torch.Generator, numpy Generator or None (greedy); see .sampling
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     seq: int | None = None
     fed: int = 0  # tokens[:fed] are held by `seq`
     reused: int = 0
     done: bool = False
     finish_reason: str | None = None  # "stop" (an eos token), "length" or "cancelled"
+    logprobs: int | None = None  # top alternatives asked per token; None: no logprobs
+    # Entries of the tokens generated since the last `BatchGenerator.take_logprobs`.
+    logprob_entries: list[LogprobEntry] = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:
@@ -57,11 +69,12 @@ class RequestLimits:
     max_positions: int
     n_cells: int
     cells_needed: Callable[[int], int]
+    numpy_sampler: bool = False  # the native engine's requests: numpy random sources
 
 
 def prompt_tokens(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int]:
     """``prompt_ids`` (a sequence of ints, a 1-D tensor or a ``[1, T]`` one) as a checked list."""
-    if isinstance(prompt_ids, torch.Tensor):
+    if _is_tensor(prompt_ids):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]
         if prompt_ids.dim() != 1:
@@ -87,8 +100,8 @@ def _eos_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     try:
         if eos_token_id is None:
             return frozenset()
-        if isinstance(eos_token_id, (int, torch.Tensor)) or hasattr(eos_token_id, "__index__"):
-            return frozenset([operator.index(eos_token_id)])
+        if _is_tensor(eos_token_id) or hasattr(eos_token_id, "__index__"):
+            return frozenset([operator.index(eos_token_id)])  # type: ignore[arg-type]
         return frozenset(operator.index(t) for t in eos_token_id)
     except TypeError as e:
         raise InvalidArgumentError(f"eos_token_id: expected token ids, got {e}") from e
@@ -103,6 +116,7 @@ def new_request(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
+    logprobs: int | None = None,
 ) -> Request:
     """A checked request (not queued); its id is drawn from ``ids`` only once every check
     passed, so a refused request takes no id."""
@@ -120,6 +134,7 @@ def new_request(
         raise InvalidArgumentError(f"temperature: expected >= 0, got {temperature}")
     if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
         raise InvalidArgumentError(f"top_p: expected in (0, 1], got {top_p}")
+    top = _logprobs(logprobs)
     total = len(prompt) + max_new - 1
     if total > limits.max_positions:
         raise CapacityError(
@@ -136,9 +151,28 @@ def new_request(
         eos=eos,
         temperature=float(temperature),
         top_p=float(top_p),
-        generator=sampler_for(temperature, seed),
+        generator=sampler_for(temperature, seed, numpy=limits.numpy_sampler),
         tokens=list(prompt),
+        logprobs=top,
     )
+
+
+def _logprobs(logprobs: Any) -> int | None:
+    """``logprobs`` checked: ``None`` (off) or an int in ``[0, MAX_LOGPROBS]`` (a bool is not
+    one: ``True`` would silently mean 1)."""
+    if logprobs is None:
+        return None
+    if isinstance(logprobs, bool):
+        raise InvalidArgumentError(f"logprobs: expected an int or None, got {logprobs!r}")
+    try:
+        k = operator.index(logprobs)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"logprobs: expected an int or None, got {type(logprobs).__name__}"
+        ) from None
+    if not 0 <= k <= MAX_LOGPROBS:
+        raise InvalidArgumentError(f"logprobs: expected in [0, {MAX_LOGPROBS}], got {k}")
+    return k
 
 
 class RequestTable:

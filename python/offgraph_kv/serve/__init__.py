@@ -6,7 +6,10 @@ prometheus-client).
 * :mod:`.engine`: the thread that steps the generator, admission control, cancellation;
 * :mod:`.app`: the FastAPI app (endpoints, streaming, stop strings);
 * :mod:`.metrics`: the Prometheus metrics;
-* :mod:`.loading`: what MODEL names, and its tokenizer's chat format;
+* :mod:`.loading`: what MODEL names, which engine runs it (native for a ``.gguf`` and the known
+  names, torch for a transformers directory), and its tokenizer's chat format;
+* :mod:`.tokens`: the tokenizer face the app uses, the same for both engines;
+* :mod:`.tokenize`: ``/tokenize`` and ``/detokenize``; :mod:`.auth`: the ``--api-key`` check;
 * :mod:`.run`: the server process (:func:`~.run.serve` of :class:`~.run.ServeOptions`; the
   command line that fills them is :mod:`offgraph_kv.tools.cli`'s).
 """

@@ -1,5 +1,7 @@
 """The HTTP app: OpenAI's completions and chat completions (whole or streamed), models, health
-and metrics, over an :class:`~offgraph_kv.serve.engine.Engine`."""
+and metrics, over an :class:`~offgraph_kv.serve.engine.Engine`; ``/tokenize`` and
+``/detokenize`` (:mod:`.tokenize`); an API key where one is set (:mod:`.auth`). The tokenizer
+is seen through :mod:`.tokens`' face, the same for both engines."""
 
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .._errors import InvalidArgumentError
 from . import protocol as P
+from .auth import ApiKeyMiddleware
 from .engine import Engine, Job
-from .loading import chat_ids, stop_token_ids
+from .tokenize import add_token_routes
+from .tokens import tokens_for
 
 DEFAULT_MAX_TOKENS = 16  # /v1/completions, as OpenAI's
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -35,21 +40,71 @@ class _Choice:
     sent: int = 0  # characters of `text` already streamed
     reason: str | None = None  # set once the choice is over
 
+    # Logprob entries of the tokens not reported yet, each with the end of its text in `text`
+    # (a token's text runs from the previous one's end); `reported` is where the next starts.
+    lps: list[tuple[int, Any]] = field(default_factory=list)
+    reported: int = 0
+
     def add(self, token: int) -> None:
         self.ids.append(token)
         if self.tok is None:
             self.text = " ".join(str(t) for t in self.ids)  # a model without a tokenizer
             return
-        self.text = self.tok.decode(self.ids, skip_special_tokens=True)
+        self.text = self.tok.decode(self.ids)
         for s in self.stops:
             i = self.text.find(s)
             if i >= 0:
                 self.text = self.text[:i]
                 self.reason = "stop"
 
+    def add_logprob(self, entry: Any) -> None:
+        """The logprob entry of the token :meth:`add` just took. A token's text is what it
+        added to the choice's text, up to a partial character (the decoder's U+FFFD), which
+        the token completing the character carries."""
+        end = len(self.text.rstrip("\ufffd")) if self.reason is None else len(self.text)
+        self.lps.append((max(end, self.lps[-1][0] if self.lps else self.reported), entry))
+        if self.reason == "stop":  # tokens from the stop string on are not reported
+            cut, kept, start = len(self.text), [], self.reported
+            for end, e in self.lps:
+                if start >= cut:
+                    break
+                kept.append((min(end, cut), e))
+                start = end
+            self.lps = kept
+
+    def _ready(self, safe: int) -> int:
+        """How many of the unreported tokens may be reported now: all once the choice is over;
+        else those whose text ends by ``safe``, but not the ones ending where a partial
+        character starts (if the generation ends there, the last of them carries the
+        character's U+FFFD, as a whole answer has it)."""
+        if self.reason is not None:
+            return len(self.lps)
+        hold = len(self.text.rstrip("\ufffd")) if self.text.endswith("\ufffd") else -1
+        n = 0
+        while n < len(self.lps) and self.lps[n][0] <= safe and self.lps[n][0] != hold:
+            n += 1
+        return n
+
+    def take_logprobs(self) -> list[P.TokenLogprob] | None:
+        """The logprobs of the tokens whose text has been sent (all once the choice is over),
+        which are then reported; ``None`` when the job asked for none."""
+        if self.job.logprobs is None:
+            return None
+        if self.reason is not None and self.lps:  # the text's tail (a partial char) is the last's
+            self.lps[-1] = (len(self.text), self.lps[-1][1])
+        out: list[P.TokenLogprob] = []
+        for _ in range(self._ready(self.sent)):
+            end, e = self.lps.pop(0)
+            start, self.reported = self.reported, max(self.reported, end)
+            text = self.text[start:end]
+            top = [(text if t == e.token else token_text(self.tok, t), lp) for t, lp in e.top]
+            out.append(P.TokenLogprob(text, start, e.logprob, top))
+        return out
+
     def pending(self) -> str:
         """Text that is safe to send now: not a possible start of a stop string, not a partial
-        UTF-8 character (the decoder's U+FFFD), unless the choice is over."""
+        UTF-8 character (the decoder's U+FFFD), unless the choice is over. With logprobs, text
+        goes out whole tokens at a time, so a chunk's tokens are exactly the text it carries."""
         end = len(self.text)
         if self.reason is None:
             while end > self.sent and self.text[end - 1] == "\ufffd":
@@ -59,9 +114,25 @@ class _Choice:
                     if self.text[end - k : end] == s[:k]:
                         end -= k
                         break
+            if self.job.logprobs is not None:
+                n = self._ready(end)
+                end = max(self.sent, self.lps[n - 1][0] if n else self.reported)
         out = self.text[self.sent : end]
         self.sent = end
         return out
+
+
+def token_text(tok: Any, token_id: int) -> str:
+    """A token's text on its own, for the logprobs' top alternatives (the tokenizer face's: a
+    GGUF token's bytes, an incomplete character as U+FFFD); its id without a tokenizer, and
+    nothing for an id past the tokenizer's vocabulary (a model's padded rows). A chosen
+    token's text is what it added to the choice's text."""
+    if tok is None:
+        return str(token_id)
+    try:
+        return tok.token_text(token_id)
+    except InvalidArgumentError:
+        return ""
 
 
 class Server:
@@ -69,9 +140,9 @@ class Server:
 
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str):
         self.engine = engine
-        self.tok = tokenizer
+        self.tok = tokens_for(tokenizer)
         self.model_name = model_name
-        self.eos = stop_token_ids(tokenizer)
+        self.eos = frozenset() if self.tok is None else self.tok.stop_ids
         self.created = int(time.time())
 
     def prompt_ids(self, req: Any, chat: bool) -> list[int]:
@@ -79,7 +150,7 @@ class Server:
             if self.tok is None:
                 raise P.ApiError(400, "this model has no tokenizer: use /v1/completions with ids")
             try:
-                return chat_ids(self.tok, req.chat())
+                return self.tok.chat_ids(req.chat())
             except Exception as e:  # no template, or a template that refuses these messages
                 raise P.ApiError(400, f"messages: {e}", param="messages") from None
         prompt = req.prompt_input()
@@ -89,7 +160,7 @@ class Server:
             raise P.ApiError(
                 400, "this model has no tokenizer: send the prompt as token ids", param="prompt"
             )
-        ids = list(self.tok(prompt)["input_ids"])
+        ids = self.tok.encode(prompt)
         if not ids:
             raise P.ApiError(400, "prompt: no tokens", param="prompt")
         return ids
@@ -117,6 +188,7 @@ class Server:
                 top_p=req.top_p,
                 seed=None if req.seed is None else req.seed + i,
                 eos=self.eos,
+                logprobs=req.logprob_count(),
                 loop=loop,
                 events=events,
                 index=i,
@@ -126,7 +198,16 @@ class Server:
         return jobs, ids, events
 
 
-def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
+def create_app(
+    engine: Engine,
+    tokenizer: Any,
+    model_name: str,
+    api_key: str | None = None,
+    protect_metrics: bool = False,
+) -> FastAPI:
+    """The app; ``tokenizer`` a GGUF or Hugging Face tokenizer (or its :mod:`.tokens` face, or
+    ``None``); with ``api_key``, /v1 and the token routes (and /health, /metrics with
+    ``protect_metrics``) need ``Authorization: Bearer <api_key>``."""
     srv = Server(engine, tokenizer, model_name)
 
     @contextlib.asynccontextmanager
@@ -139,6 +220,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
 
     app = FastAPI(title="offgraph-kv", lifespan=lifespan)
     app.state.server = srv
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, key=api_key, protect_metrics=protect_metrics)
 
     @app.exception_handler(P.ApiError)
     async def api_error(request: Request, e: P.ApiError) -> JSONResponse:
@@ -153,6 +236,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         return await _complete(srv, request, chat=True)
+
+    add_token_routes(app, srv)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -208,7 +293,9 @@ async def _complete(srv: Server, request: Request, chat: bool) -> Response:
     if errors:
         raise P.ApiError(500, errors[0].text or "generation failed", "server_error")
     use = _usage(choices, len(ids))
-    body = P.response(chat, rid, srv.model_name, [(c.text, c.reason) for c in choices], use)
+    lps = [P.logprobs_body(chat, c.take_logprobs()) for c in choices]
+    texts = [(c.text, c.reason) for c in choices]
+    body = P.response(chat, rid, srv.model_name, texts, use, lps)
     return JSONResponse(body)
 
 
@@ -236,7 +323,10 @@ async def _events(
         if c.reason is not None:
             continue  # over already (a stop string): late events do not count
         if kind == "token":
-            c.add(arg)
+            tok, entry = arg  # the token and its logprob entry (None: none asked)
+            c.add(tok)
+            if entry is not None:
+                c.add_logprob(entry)
             if c.reason is not None:
                 srv.engine.cancel(c.job)
         elif kind == "finished":
@@ -275,7 +365,8 @@ async def _stream(
                 continue
             text = c.pending()
             if text or c.reason is not None:
-                yield _sse(P.chunk(chat, rid, name, i, text, c.reason))
+                lps = P.logprobs_body(chat, c.take_logprobs())
+                yield _sse(P.chunk(chat, rid, name, i, text, c.reason, logprobs=lps))
         if include_usage:
             yield _sse(P.usage_chunk(chat, rid, name, _usage(choices, n_prompt)))
         yield "data: [DONE]\n\n"

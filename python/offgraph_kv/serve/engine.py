@@ -38,6 +38,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue  # (index, kind, arg), shared by the choices of one request
     index: int = 0  # the choice's index in its request
+    logprobs: int | None = None  # top alternatives per token; None: no logprobs
     # Shared by the choices of one request: [True] once one of them has started. The queue
     # counts requests, not choices.
     ticket: list[bool] = field(default_factory=lambda: [False])
@@ -206,6 +207,7 @@ class Engine:
                             temperature=job.temperature,
                             top_p=job.top_p,
                             seed=job.seed,
+                            logprobs=job.logprobs,
                         )
                     except CacheError as e:  # submit's checks should have caught it
                         self._end(job, "error", str(e))
@@ -241,7 +243,9 @@ class Engine:
                 self.metrics.cached_tokens.inc(job.cached_tokens)
                 self.metrics.ttft_seconds.observe(now - job.submitted)
             self.metrics.generated_tokens.inc()
-            job.send("token", tok)
+            # The token's logprob entry (one per step), or None when the job asked for none.
+            entries = self.gen.take_logprobs(rid) if job.logprobs is not None else None
+            job.send("token", (tok, entries[-1] if entries else None))
             if self.gen.forget_finished(rid):  # the server never calls run: forgotten here
                 reason = "stop" if tok in job.eos else "length"
                 self._end(job, "finished", reason)

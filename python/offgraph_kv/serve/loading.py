@@ -63,6 +63,43 @@ def resolve(spec: str) -> tuple[str, str | None, str]:
     )
 
 
+ENGINES = ("native", "torch")
+
+
+def engine_of(spec: str, engine: str | None = None) -> str:
+    """The engine MODEL ``spec`` runs on: ``engine`` if given, else ``"native"`` for a ``.gguf``
+    file or a known name and ``"torch"`` for a transformers directory. The native engine runs
+    GGUF files only: ``"native"`` for a directory is refused (``SystemExit``, a message)."""
+    if engine is not None and engine not in ENGINES:
+        raise SystemExit(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    _, gguf, _ = resolve(spec)
+    if engine == "native" and gguf is None:
+        raise SystemExit(
+            f"MODEL {spec!r} is a transformers directory: the native engine runs .gguf files "
+            "and the known names only; serve it with --engine torch"
+        )
+    return engine or ("torch" if gguf is None else "native")
+
+
+def load_native(spec: str, threads: int | None = None) -> tuple[Any, Any, str]:
+    """``(GgufModel, its tokenizer's face, served name)`` of a ``.gguf`` or a known name, on the
+    native engine (no torch, no transformers; weights memory-mapped as the file stores them).
+    The chat template is the file's, else the family's (Gemma 3's GGUF has none)."""
+    from .._errors import EngineError
+    from ..engine import GgufModel
+    from .tokens import GgufTokens
+
+    where, gguf, name = resolve(spec)
+    if gguf is None:
+        engine_of(spec, "native")  # raises: a directory
+    try:
+        model = GgufModel(os.path.join(where, gguf), threads=threads)  # type: ignore[arg-type]
+    except EngineError as e:
+        raise SystemExit(f"MODEL {spec!r}: {e}") from None
+    family = GEMMA3_TEMPLATE if model.architecture.startswith("gemma3") else None
+    return model, GgufTokens(model.tokenizer, family), name
+
+
 # Where a GGUF's float32 conversion is kept (see ``converted``); ``off`` converts every time.
 CACHE_ENV = "OFFGRAPH_KV_CACHE_DIR"
 

@@ -9,14 +9,17 @@ that is not UTF-8, not JSON, a wrong type, a value out of range) gets OpenAI's e
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_N = 16
 MAX_STOP = 4
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit
+MAX_TOP_LOGPROBS = 20  # chat's (and the generator's)
 
 
 class ApiError(Exception):
@@ -82,6 +85,11 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+
+    def logprob_count(self) -> int | None:
+        """Top alternatives per token the generator records (``None``: no logprobs)."""
+        return self.logprobs
 
     def prompt_input(self) -> str | list[int]:
         p = self.prompt
@@ -112,6 +120,22 @@ class Message(_Strict):
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def logprob_count(self) -> int | None:
+        """Top alternatives per token (``None``: no logprobs); ``top_logprobs`` needs
+        ``logprobs: true``, as OpenAI's API says."""
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise ApiError(
+                    400,
+                    "top_logprobs: logprobs must be true when top_logprobs is given",
+                    param="top_logprobs",
+                    code="invalid_value",
+                )
+            return None
+        return self.top_logprobs or 0
 
     def chat(self) -> list[dict[str, str]]:
         msgs = [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -156,27 +180,85 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
+class TokenLogprob(NamedTuple):
+    """One reported token: its text (what it added to the choice's text), the offset of that
+    text in the choice's text, its logprob, and the top alternatives ``(text, logprob)``, most
+    likely first."""
+
+    text: str
+    offset: int
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+def _lp(x: float) -> float:
+    # JSON has no -inf (a masked logit); OpenAI reports such a token's logprob as -9999.
+    return x if math.isfinite(x) else -9999.0
+
+
+def logprobs_body(chat: bool, tokens: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` for ``tokens`` (``None`` when logprobs were not asked for).
+
+    Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}`` with the top
+    ``top_logprobs`` alternatives. Completions (OpenAI's legacy shape): parallel lists
+    ``tokens``, ``token_logprobs``, ``top_logprobs`` (``{text: logprob}``: the top ``logprobs``
+    plus the chosen token, as OpenAI's "up to logprobs + 1") and ``text_offset``."""
+    if tokens is None:
+        return None
+    if chat:
+        return {
+            "content": [
+                {
+                    "token": t.text,
+                    "logprob": _lp(t.logprob),
+                    "bytes": list(t.text.encode("utf-8")),
+                    "top_logprobs": [
+                        {"token": a, "logprob": _lp(x), "bytes": list(a.encode("utf-8"))}
+                        for a, x in t.top
+                    ],
+                }
+                for t in tokens
+            ]
+        }
+    tops = []
+    for t in tokens:
+        top: dict[str, float] = {}
+        for a, x in t.top:
+            top.setdefault(a, _lp(x))  # two tokens of one text: the likelier one's
+        top.setdefault(t.text, _lp(t.logprob))
+        tops.append(top)
+    return {
+        "tokens": [t.text for t in tokens],
+        "token_logprobs": [_lp(t.logprob) for t in tokens],
+        "top_logprobs": tops,
+        "text_offset": [t.offset for t in tokens],
+    }
+
+
 def response(
     chat: bool,
     rid: str,
     model: str,
     choices: list[tuple[str, str | None]],
     use: dict[str, Any],
+    logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """A whole (non-streamed) completion: ``choices`` are ``(text, finish_reason)``."""
+    """A whole (non-streamed) completion: ``choices`` are ``(text, finish_reason)``,
+    ``logprobs`` each choice's :func:`logprobs_body` (``None``: none asked)."""
     out = []
     for i, (text, reason) in enumerate(choices):
+        lps = None if logprobs is None else logprobs[i]
         if chat:
             out.append(
                 {
                     "index": i,
                     "message": {"role": "assistant", "content": text},
                     "finish_reason": reason,
-                    "logprobs": None,
+                    "logprobs": lps,
                 }
             )
         else:
-            out.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
+            out.append({"index": i, "text": text, "finish_reason": reason, "logprobs": lps})
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
@@ -195,8 +277,10 @@ def chunk(
     text: str | None,
     reason: str | None,
     first: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One streamed chunk of choice ``index``: a text delta and/or its finish reason."""
+    """One streamed chunk of choice ``index``: a text delta and/or its finish reason, and the
+    :func:`logprobs_body` of the tokens whose text it carries."""
     if chat:
         delta: dict[str, Any] = {}
         if first:
@@ -206,7 +290,7 @@ def chunk(
         choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason}
     else:
         choice = {"index": index, "text": text or "", "finish_reason": reason}
-    choice["logprobs"] = None
+    choice["logprobs"] = logprobs
     return {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",

@@ -20,8 +20,12 @@ class ServeOptions:
     """What one server runs: the model, the address, the cache and the queue.
 
     ``model`` is a local transformers directory, a ``.gguf`` file or a known name (see
-    :mod:`.loading`); ``store`` a ``redis://`` / ``redis-cluster://`` URL of a prefix store
-    shared by servers; ``threads`` the torch and attention threads (``None``: all).
+    :mod:`.loading`); ``engine`` ``"native"`` (the default for a ``.gguf`` or a known name),
+    ``"torch"`` (transformers, float32; the default for a directory) or ``None``; ``store`` a
+    ``redis://`` / ``redis-cluster://`` URL of a prefix store shared by servers; ``threads`` the
+    engine's threads (native: matmuls and attention; torch: torch's; ``None``: all);
+    ``api_key`` the key /v1 and the token routes need (``protect_metrics``: /health and /metrics
+    too).
     """
 
     model: str
@@ -38,21 +42,28 @@ class ServeOptions:
     threads: int | None = None
     shutdown_timeout: float = 30.0
     log_level: str = "info"
+    engine: str | None = None
+    api_key: str | None = None
+    protect_metrics: bool = False
 
 
 def build(opts: ServeOptions) -> Any:
-    """The app for ``opts``: loads the model, builds the generator and the engine."""
-    import torch
-
-    from ..hf import BatchGenerator
+    """The app for ``opts``: loads the model, builds the generator and the engine. The native
+    path imports neither torch nor transformers (torch alone is ~490 MB resident)."""
+    from ..batch import BatchGenerator
     from .app import create_app
     from .engine import Engine
-    from .loading import load
+    from .loading import engine_of, load, load_native
     from .metrics import Metrics
 
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    model, tok, name = load(opts.model)
+    if engine_of(opts.model, opts.engine) == "native":
+        model, tok, name = load_native(opts.model, opts.threads)
+    else:
+        import torch
+
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        model, tok, name = load(opts.model)
     kw: dict[str, Any] = {}
     if opts.store:  # loaded on admission, saved as each prefill passes a chunk's end
         from ..store import PrefixStore, RedisBackend
@@ -70,7 +81,13 @@ def build(opts: ServeOptions) -> Any:
         **kw,
     )
     engine = Engine(gen, Metrics(), max_queue=opts.max_queue)
-    return create_app(engine, tok, opts.served_model_name or name)
+    return create_app(
+        engine,
+        tok,
+        opts.served_model_name or name,
+        api_key=opts.api_key or None,
+        protect_metrics=opts.protect_metrics,
+    )
 
 
 def serve(opts: ServeOptions) -> int:

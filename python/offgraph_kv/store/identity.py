@@ -7,6 +7,10 @@ shape and dtype and a strided sample of its bytes (``samples`` elements spread e
 tensor, plus its last element). Any whole-tensor change (another checkpoint, another dtype, a
 fine-tune, a re-quantization) changes the digest; the sample reads a few KiB per tensor, so an
 8B model's digest costs milliseconds (``benches/bench_store_digest.py`` measures it).
+
+A native engine model (:class:`~offgraph_kv.engine.GgufModel`) is identified by its file's
+digest (:func:`~.gguf_digest.gguf_digest`: the header, and a strided sample of every tensor's
+bytes read from the file), which it computes once.
 """
 
 from __future__ import annotations
@@ -56,8 +60,9 @@ def tokenizer_digest(tokenizer: Any) -> bytes:
 
 
 def identity(model: Any, tokenizer: Any = None) -> bytes:
-    """The bytes a store's keys bind: the weights digest of a torch model (or the UTF-8 of a
-    string / the bytes given, a name the caller vouches for), then the tokenizer's digest."""
+    """The bytes a store's keys bind: the weights digest of a torch model or of a GgufModel's
+    file (or the UTF-8 of a string / the bytes given, a name the caller vouches for), then the
+    tokenizer's digest."""
     if isinstance(model, str):
         if not model:
             raise ValueError("model: an empty name identifies nothing")
@@ -68,9 +73,12 @@ def identity(model: Any, tokenizer: Any = None) -> bytes:
         head = b"bytes\0" + bytes(model)
     elif hasattr(model, "named_parameters"):
         head = b"weights\0" + weights_digest(model)
+    elif callable(getattr(model, "weights_digest", None)):  # the native engine's GgufModel
+        head = b"gguf\0" + bytes(model.weights_digest())
     else:
         raise TypeError(
-            f"model: expected a torch model, a str or bytes identity, got {type(model).__name__}"
+            "model: expected a torch model, a GgufModel, a str or bytes identity, got "
+            f"{type(model).__name__}"
         )
     tail = b"" if tokenizer is None else b"\0tokenizer\0" + tokenizer_digest(tokenizer)
     return hashlib.sha256(head + tail).digest()

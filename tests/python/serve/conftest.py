@@ -11,12 +11,12 @@ from .serve_helpers import Server
 
 @pytest.fixture(scope="module")
 def start_server():
-    """``start_server(model, *args)``: a started server, stopped (and checked to exit 0) when
-    the module is done."""
+    """``start_server(model, *args, api_key=None)``: a started server, stopped (and checked to
+    exit 0) when the module is done."""
     started: list[Server] = []
 
-    def start(model: str, *args: str) -> Server:
-        s = Server(model, *args)
+    def start(model: str, *args: str, **kw) -> Server:
+        s = Server(model, *args, **kw)
         started.append(s)
         return s
 

@@ -21,9 +21,13 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``offgraph-kv serve`` process."""
+    """One ``offgraph-kv serve`` process; with ``api_key`` (``--api-key``) every request the
+    helpers make sends it."""
 
-    def __init__(self, model: str, *args: str, timeout: float = 900.0):
+    def __init__(self, model: str, *args: str, timeout: float = 900.0, api_key: str | None = None):
+        self.api_key = api_key
+        if api_key is not None:
+            args = (*args, "--api-key", api_key)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="okv-serve-", suffix=".log")
@@ -53,19 +57,31 @@ class Server:
         self.log.seek(0)
         return self.log.read()
 
+    def _headers(self, key: str | None = None) -> dict[str, str]:
+        key = self.api_key if key is None else key
+        return {} if not key else {"Authorization": f"Bearer {key}"}
+
     def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+        req = urllib.request.Request(self.url + path, headers=self._headers())
+        with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(r.read())
 
     def text(self, path: str) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+        req = urllib.request.Request(self.url + path, headers=self._headers())
+        with urllib.request.urlopen(req, timeout=60) as r:
             return r.read().decode()
 
-    def post(self, path: str, body: bytes, content_type: str = "application/json"):
-        """``(status, headers, json body)`` of a raw POST."""
-        req = urllib.request.Request(
-            self.url + path, data=body, headers={"Content-Type": content_type}, method="POST"
-        )
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        content_type: str = "application/json",
+        key: str | None = None,
+    ):
+        """``(status, headers, json body)`` of a raw POST (``key``: another API key than the
+        server's; ``""`` sends none)."""
+        headers = {"Content-Type": content_type, **self._headers(key)}
+        req = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
                 return r.status, r.headers, json.loads(r.read())
@@ -82,12 +98,14 @@ class Server:
     def client(self, **kw):
         import openai
 
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+        kw.setdefault("api_key", self.api_key or "none")
+        return openai.OpenAI(base_url=self.url + "/v1", max_retries=0, **kw)
 
     def async_client(self, **kw):
         import openai
 
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+        kw.setdefault("api_key", self.api_key or "none")
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", max_retries=0, **kw)
 
     def stop(self, timeout: float = 120.0) -> int:
         """SIGTERM, then the exit status."""

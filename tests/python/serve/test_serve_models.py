@@ -1,5 +1,6 @@
-"""``offgraph-kv serve`` on the two real models (Gemma 3 270M and SmolLM2-135M from their PyPI
-packages, one server process each for the module), through the official ``openai`` client:
+"""``offgraph-kv serve --engine torch`` (transformers, float32) on the two real models (Gemma 3
+270M and SmolLM2-135M from their PyPI packages, one server process each for the module; the
+native engine's servers are ``test_serve_native.py``'s), through the official ``openai`` client:
 greedy completions and chat completions, whole and streamed, equal ``model.generate``'s; ``n=3``
 forks one prefilled prompt; 32 concurrent streaming clients sharing a system prompt, a third
 of them leaving mid-stream: the finished streams equal ``generate`` and afterwards the cache
@@ -17,7 +18,7 @@ from offgraph_kv.tools.serve_demo import QUESTIONS  # the demo's customer questi
 
 torch.set_num_threads(2)
 
-ARGS = ("--n-cells", "8192", "--max-batch-tokens", "256", "--threads", "2")
+ARGS = ("--engine", "torch", "--n-cells", "8192", "--max-batch-tokens", "256", "--threads", "2")
 SYSTEM = (
     "You are a helpful assistant for a small bakery in a quiet town. Answer in one short "
     "sentence, politely, and mention the opening hours (7am to 3pm, closed on Mondays) when "

@@ -1,6 +1,8 @@
-"""Two ``offgraph-kv serve`` processes on one Redis (``--store``): the prompt chunks the first
-saves as its prefill passes each chunk end, the second loads on admission, so the second's
-first request reports ``cached_tokens`` and answers as the first did."""
+"""Two ``offgraph-kv serve`` processes on one Redis (``--store``), on each engine: the prompt
+chunks the first saves as its prefill passes each chunk end, the second loads on admission, so
+the second's first request reports ``cached_tokens`` and answers as the first did. The keys bind
+the model identity: the torch path's (a weights digest) and the native engine's (the GGUF file's
+digest) differ, so one engine's rows are never served to the other."""
 
 from __future__ import annotations
 
@@ -21,14 +23,19 @@ def redis_url(tmp_path_factory):
     srv.stop()
 
 
-def test_two_servers_share_a_prefix_through_redis(start_server, redis_url):
-    first = start_server("gemma-3-270m", *ARGS, "--store", redis_url)
+@pytest.mark.parametrize("engine", ["torch", "native"])
+def test_two_servers_share_a_prefix_through_redis(start_server, redis_url, engine):
+    first = start_server("gemma-3-270m", *ARGS, "--engine", engine, "--store", redis_url)
     kw = dict(model="gemma-3-270m", prompt=PROMPT, max_tokens=6, temperature=0)
     a = first.client().completions.create(**kw)
     assert a.usage.prompt_tokens > 256
-    assert a.usage.prompt_tokens_details.cached_tokens == 0  # a cold store, an empty cache
-    second = start_server("gemma-3-270m", *ARGS, "--store", redis_url)
+    # A cold store for this engine (the other engine's run saved this prompt under its own
+    # identity), an empty cache.
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    second = start_server("gemma-3-270m", *ARGS, "--engine", engine, "--store", redis_url)
     b = second.client().completions.create(**kw)
     assert b.usage.prompt_tokens_details.cached_tokens == 256  # the chunk the first saved
     assert b.choices[0].text == a.choices[0].text
     assert second.metric("offgraph_kv_cached_tokens_total") == 256
+    for s in (first, second):  # the next engine's servers need the memory
+        assert s.stop() == 0, s.output()

@@ -15,7 +15,7 @@ import time
 import httpx2 as httpx  # the HTTP client the openai package is built on
 
 MODEL = "smollm2-135m"
-ARGS = ("--n-cells", "8192", "--max-batch-tokens", "256", "--threads", "2")
+ARGS = ("--engine", "torch", "--n-cells", "8192", "--max-batch-tokens", "256", "--threads", "2")
 WARMUP, ROUNDS = 3, 10
 MIB = 1 << 20
 TIMEOUT = 60.0  # every request

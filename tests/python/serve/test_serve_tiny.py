@@ -116,6 +116,29 @@ def test_greedy_completion_equals_generate_whole_and_streamed(server, model, mod
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 19
 
 
+def test_logprobs_without_a_tokenizer_are_the_models_whole_and_streamed(server, model, model_dir):
+    client = server.client()
+    p = prompt(16, 5)
+    want, logits = reference(model, p, 10)
+    kw = dict(model=name(model_dir), prompt=p, max_tokens=10, temperature=0, logprobs=3)
+    r = client.completions.create(**kw).choices[0]
+    lp = r.logprobs
+    # Without a tokenizer a token's text is its id, with the space the text puts before it.
+    assert "".join(lp.tokens) == r.text and [int(t) for t in lp.tokens] == want
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(want))]
+    for i, (tok, x, top) in enumerate(zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)):
+        ref = torch.log_softmax(logits[i].double(), -1)
+        assert abs(x - float(ref[want[i]])) < 1e-4 and abs(x - float(ref.max())) < 1e-4
+        assert len(top) == 3 and next(iter(top)) == tok
+        best = torch.topk(ref, 3)
+        assert [int(t) for t in top] == best.indices.tolist()
+        assert list(top.values()) == pytest.approx(best.values.tolist(), abs=1e-4)
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw)]
+    assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == lp.tokens
+    got = [x for c in chunks if c.logprobs for x in c.logprobs.token_logprobs]
+    assert got == pytest.approx(lp.token_logprobs, abs=1e-4)
+
+
 def test_n_forks_one_prompt_and_seeded_sampling_repeats(server, model_dir):
     client = server.client()
     p = prompt(30, 2)
@@ -158,6 +181,9 @@ BAD = [
     (json.dumps({"model": "M", "prompt": []}).encode(), 400, None),  # empty
     (json.dumps({"model": "M", "prompt": [1, 5000]}).encode(), 400, None),  # outside the vocab
     (json.dumps({"model": "M", "prompt": "text"}).encode(), 400, None),  # no tokenizer here
+    (json.dumps({"model": "M", "prompt": [1, 2], "logprobs": 6}).encode(), 400, None),
+    (json.dumps({"model": "M", "prompt": [1, 2], "logprobs": -1}).encode(), 400, None),
+    (json.dumps({"model": "M", "prompt": [1, 2], "logprobs": True}).encode(), 400, None),
     (json.dumps({"model": "nope", "prompt": [1, 2]}).encode(), 404, "model_not_found"),
 ]
 
@@ -243,3 +269,17 @@ def test_sigterm_mid_stream_finishes_the_stream_and_exits_0(model_dir):
         assert s.proc.wait(120) == 0, s.output()
     finally:
         s.stop()
+
+
+def test_engine_native_refuses_a_transformers_directory(model_dir):
+    import subprocess
+    import sys
+
+    from .serve_helpers import free_port
+
+    cmd = [sys.executable, "-m", "offgraph_kv", "serve", model_dir, "--engine", "native"]
+    out = subprocess.run(
+        [*cmd, "--port", str(free_port())], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode != 0
+    assert "native engine runs .gguf files" in out.stderr and "--engine torch" in out.stderr
