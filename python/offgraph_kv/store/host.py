@@ -148,7 +148,9 @@ class HostTier:
         except CacheError:
             return 0  # not a live sequence of kc: nothing leaves
         keys = cell_keys(self._keys, layout, tokens[: held // c * c])
-        written = 0
+        with self._lock:  # the chunks of this chain the tier holds are the last it drops
+            self._touch(keys)
+        written = added = 0
         for k, key in enumerate(keys):
             start, end = k * c, (k + 1) * c
             old = self._chunks.get(key)
@@ -162,13 +164,15 @@ class HostTier:
             ring_from = _ring_from(blob)
             if old is not None and ring_from >= old.ring_from:
                 continue
-            if len(blob) > self.max_bytes:
-                break
+            if added + len(blob) > self.max_bytes:
+                break  # the rest of the chain cannot fit beside its head
             with self._lock:
                 if old is not None:
                     self._bytes -= len(self._chunks.pop(key).blob)
                 self._chunks[key] = _Chunk(blob, start, end, ring_from)
                 self._bytes += len(blob)
+                self._trim()  # the bound holds at every step, other chains going first
+            added += len(blob)
             written += 1
         with self._lock:
             self._touch(keys)

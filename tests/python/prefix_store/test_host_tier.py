@@ -119,6 +119,12 @@ def test_the_lru_bound_holds_and_heads_outlive_tails():
     kc.seq_free(seq)
     seq, n = tier.admit(kc, p1 + [1], 0)
     assert n == 4 * C
+    kc.seq_free(seq)
+    # A sequence larger than the tier: its head is kept, the bound holds.
+    small = HostTier(3 * one, chunk_tokens=C)
+    assert small.evicted(kc, s1, p1) == 3
+    assert small.stats()["host_cache_bytes"] == 3 * one
+    assert small.admit(kc, p1 + [1], 0)[1] == 3 * C
     # A tier of 0 bytes holds nothing and serves nothing.
     off = HostTier(0, chunk_tokens=C)
     assert off.evicted(kc, s0, p0) == 0 and off.admit(kc, p0 + [1], 0) == (None, 0)
