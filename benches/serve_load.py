@@ -126,8 +126,12 @@ def llama_server(
     port = free_port()
     cmd = [exe, "-m", gguf_path(model), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", str(slots)]
-    if "gemma" in model:  # its GGUF has no template: the built-in Gemma format, as ours
-        cmd += ["--chat-template", "gemma"]
+    if "gemma" in model:  # its GGUF has no template: the Gemma 3 format offgraph-kv serve uses
+        from offgraph_kv.serve.loading import GEMMA3_TEMPLATE
+
+        template = log.parent / "gemma3.jinja"
+        template.write_text(GEMMA3_TEMPLATE)
+        cmd += ["--chat-template-file", str(template)]
     cmd += ["--cont-batching", "--metrics", "--no-webui", *extra]
     return Proc(cmd, port, "/health", log)
 
