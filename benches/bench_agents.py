@@ -6,7 +6,9 @@ far (system, then the user/assistant turns, the assistant turns being what the s
 answered) plus a new user message, for ``--turns`` turns (4). Turns are interleaved: every
 session's turn 1, then every session's turn 2, ... (``--concurrency`` requests at a time), so
 the sessions' total far exceeds the KV cells (``--n-cells``, the same number for both servers:
-offgraph-kv's ``--n-cells``, llama-server's ``-c`` with a unified KV cache) and a session's
+offgraph-kv's ``--n-cells`` with float16 pools, llama-server's ``-c`` with its unified f16 KV
+cache; it must hold ``--concurrency`` whole sessions, as llama-server refuses a step that does
+not fit rather than evicting) and a session's
 cells are gone by its next turn unless something kept them.
 
 Reported per server: prompt tokens recomputed (the prompt tokens the server computed instead of
@@ -140,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-tokens", type=int, default=2000)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--n-cells", type=int, default=8192)
+    ap.add_argument("--n-cells", type=int, default=12288)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--okv-args", default="", help="extra offgraph-kv serve flags")
+    ap.add_argument(
+        "--okv-args",
+        default="--kv-dtype float16",
+        help="extra offgraph-kv serve flags (default: float16 pools, as llama-server's f16 cache)",
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--log-dir", default=None, help="keep the servers' logs here")

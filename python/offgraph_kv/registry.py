@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import _native
+import offgraph_kv._native as _native  # the extension module itself, not the package
+
 from ._errors import StepError
 
 
