@@ -55,6 +55,26 @@ pub(crate) fn read_rows(pool: &Pool, slots: &[usize], out: &mut Vec<u8>) -> Resu
 }
 
 /// Bytes `read_rows` produces for `n_pos` positions.
+/// Appends every layer's rows to `out`, in layer order: a ring layer's
+/// from the ring table's `ring` slots, a flat layer's from `full`.
+pub(crate) fn read_layers<'p>(
+    prints: &[LayerPrint],
+    pool: impl Fn(usize) -> Result<&'p Pool>,
+    full: &[usize],
+    ring: &[usize],
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    for (l, p) in prints.iter().enumerate() {
+        let slots = if p.policy.window().is_some() {
+            ring
+        } else {
+            full
+        };
+        read_rows(pool(l)?, slots, out)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn rows_len(p: &LayerPrint, n_pos: usize) -> Option<usize> {
     p.position_bytes()?.checked_mul(n_pos)
 }

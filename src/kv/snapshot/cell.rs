@@ -147,14 +147,7 @@ impl KvCellCache {
         for &p in &ring_pos {
             w.pos(p);
         }
-        for (l, p) in prints.iter().enumerate() {
-            let slots = if p.policy.window().is_some() {
-                &ring_cells
-            } else {
-                &full_cells
-            };
-            access::read_rows(self.pool(l)?, slots, w.buf())?;
-        }
+        access::read_layers(&prints, |l| self.pool(l), &full_cells, &ring_cells, w.buf())?;
         Ok(w.finish())
     }
 
@@ -168,43 +161,8 @@ impl KvCellCache {
         let (mut r, found) = open(data, KIND_CELL)?;
         check_prints(&found, &prints)?;
         let p = self.parse(&mut r, &prints)?;
-        let cells = self.cells();
-        let occupied = |t: Option<usize>| {
-            t.and_then(|t| cells.free_cells_in(t).ok())
-                .map_or(0, |f| cells.capacity().saturating_sub(f))
-        };
-        let (full_t, ring_t) = (cells.full_table(), cells.ring_table());
-        let need_full = if full_t.is_some() { p.held_count } else { 0 };
-        for (t, need) in [(full_t, need_full), (ring_t, p.ring.len())] {
-            if let Some(t) = t {
-                let free = cells.free_cells_in(t)?;
-                if need > free {
-                    return Err(CacheError::OutOfCapacity(format!(
-                        "load_seq: the sequence needs {need} cells of table {t}, {free} free"
-                    )));
-                }
-            }
-        }
-        if cells.live_seqs().len() >= cells.n_seq_max() {
-            return Err(CacheError::OutOfCapacity(format!(
-                "load_seq: all {} sequence ids are live (n_seq_max)",
-                cells.n_seq_max()
-            )));
-        }
-        // The cells taken are the lowest free ones, so they end below
-        // occupied + taken: grow the pools that far before any change.
-        let n_cells = cells.capacity();
-        let grow_full = occupied(full_t).saturating_add(need_full).min(n_cells);
-        let grow_ring = occupied(ring_t).saturating_add(p.ring.len()).min(n_cells);
+        self.make_room(&prints, p.held_count, p.ring.len(), "load_seq")?;
         let (cells, pools) = self.parts_mut();
-        for (l, pr) in prints.iter().enumerate() {
-            let n = if pr.policy.window().is_some() {
-                grow_ring
-            } else {
-                grow_full
-            };
-            pools.get_mut(l)?.ensure(n)?;
-        }
         let (id, full_cells, ring_cells) = cells.restore_seq(&p.held, p.held_count, &p.ring)?;
         let (full_runs, ring_runs) = (cell_runs(&full_cells), cell_runs(&ring_cells));
         for (l, pr) in prints.iter().enumerate() {
@@ -217,6 +175,51 @@ impl KvCellCache {
             access::write_rows(pools.get_mut(l)?, rows, n, runs)?;
         }
         Ok(id)
+    }
+
+    /// Refuses a restore of `need_full` flat-table and `need_ring`
+    /// ring-table cells the cache has no room or no sequence id for
+    /// (`OutOfCapacity`, naming `what`), else grows every pool to cover the
+    /// cells it will take: the lowest free ones, so below occupied + taken.
+    /// Nothing changes on a refusal (every check runs before a pool grows).
+    pub(super) fn make_room(
+        &mut self,
+        prints: &[LayerPrint],
+        need_full: usize,
+        need_ring: usize,
+        what: &str,
+    ) -> Result<()> {
+        let cells = self.cells();
+        let (full_t, ring_t) = (cells.full_table(), cells.ring_table());
+        let need_full = if full_t.is_some() { need_full } else { 0 };
+        let room = |t: Option<usize>, need: usize| -> Result<usize> {
+            let Some(t) = t else { return Ok(0) };
+            let free = cells.free_cells_in(t)?;
+            if need > free {
+                return Err(CacheError::OutOfCapacity(format!(
+                    "{what}: the sequence needs {need} cells of table {t}, {free} free"
+                )));
+            }
+            let occupied = cells.capacity().saturating_sub(free);
+            Ok(occupied.saturating_add(need).min(cells.capacity()))
+        };
+        let (grow_full, grow_ring) = (room(full_t, need_full)?, room(ring_t, need_ring)?);
+        if cells.live_seqs().len() >= cells.n_seq_max() {
+            return Err(CacheError::OutOfCapacity(format!(
+                "{what}: all {} sequence ids are live (n_seq_max)",
+                cells.n_seq_max()
+            )));
+        }
+        let (_, pools) = self.parts_mut();
+        for (l, pr) in prints.iter().enumerate() {
+            let n = if pr.policy.window().is_some() {
+                grow_ring
+            } else {
+                grow_full
+            };
+            pools.get_mut(l)?.ensure(n)?;
+        }
+        Ok(())
     }
 
     fn parse<'a>(&self, r: &mut Reader<'a>, prints: &[LayerPrint]) -> Result<Parsed<'a>> {

@@ -140,14 +140,7 @@ impl KvCellCache {
         w.pos(start);
         w.pos(end);
         w.pos(ring_from);
-        for (l, p) in prints.iter().enumerate() {
-            let slots = if p.policy.window().is_some() {
-                &ring
-            } else {
-                &full
-            };
-            access::read_rows(self.pool(l)?, slots, w.buf())?;
-        }
+        access::read_layers(&prints, |l| self.pool(l), &full, &ring, w.buf())?;
         Ok(w.finish())
     }
 
@@ -183,7 +176,7 @@ impl KvCellCache {
             .map(|p| p.end)
             .ok_or_else(|| CacheError::InvalidArgument("load_seq_chunks: no parts".into()))?;
         let cells = self.cells();
-        let (full_t, ring_t) = (cells.full_table(), cells.ring_table());
+        let ring_t = cells.ring_table();
         // Ring positions restored: what the next step needs, [lo, end).
         let lo = match ring_t {
             Some(_) => end.saturating_sub(cells.ring_window().saturating_sub(1)),
@@ -199,42 +192,9 @@ impl KvCellCache {
             }
         }
         let ring_need = end.saturating_sub(lo);
-        let need_full = if full_t.is_some() { end } else { 0 };
-        for (t, need) in [(full_t, need_full), (ring_t, ring_need)] {
-            if let Some(t) = t {
-                let free = cells.free_cells_in(t)?;
-                if need > free {
-                    return Err(CacheError::OutOfCapacity(format!(
-                        "load_seq_chunks: the sequence needs {need} cells of table {t}, {free} free"
-                    )));
-                }
-            }
-        }
-        if cells.live_seqs().len() >= cells.n_seq_max() {
-            return Err(CacheError::OutOfCapacity(format!(
-                "load_seq_chunks: all {} sequence ids are live (n_seq_max)",
-                cells.n_seq_max()
-            )));
-        }
-        let occupied = |t: Option<usize>| {
-            t.and_then(|t| cells.free_cells_in(t).ok())
-                .map_or(0, |f| cells.capacity().saturating_sub(f))
-        };
-        // The cells taken are the lowest free ones, so they end below
-        // occupied + taken: grow the pools that far before any change.
-        let n_cells = cells.capacity();
-        let grow_full = occupied(full_t).saturating_add(need_full).min(n_cells);
-        let grow_ring = occupied(ring_t).saturating_add(ring_need).min(n_cells);
+        self.make_room(&prints, end, ring_need, "load_seq_chunks")?;
         let ring_pos: Vec<usize> = (lo..end).collect();
         let (cells, pools) = self.parts_mut();
-        for (l, pr) in prints.iter().enumerate() {
-            let n = if pr.policy.window().is_some() {
-                grow_ring
-            } else {
-                grow_full
-            };
-            pools.get_mut(l)?.ensure(n)?;
-        }
         let (id, full_cells, ring_cells) = cells.restore_seq(&[(0, end)], end, &ring_pos)?;
         for p in &chain {
             for (l, pr) in prints.iter().enumerate() {
