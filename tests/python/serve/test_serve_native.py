@@ -4,7 +4,8 @@ client: greedy completions and chat, whole and streamed, equal the engine's own 
 in-process (GgufModel + BatchGenerator); ``n=3`` forks one prefill; stop strings; concurrent
 streams with clients leaving, after which the cache's audit passes; seeded sampling repeats;
 ``--api-key`` (and ``--protect-metrics``); ``/tokenize`` and ``/detokenize`` against the GGUF's
-tokenizer; the server process never loads torch."""
+tokenizer; logprobs against the engine's logits; a session evicted from the cells restored from the
+host tier; the server process never loads torch."""
 
 from __future__ import annotations
 
@@ -354,3 +355,85 @@ def test_the_native_server_never_loads_torch(servers):
         rss = server.metric("offgraph_kv_process_resident_bytes")
         print(f"{name}: native server resident {rss / 2**20:.0f} MiB")
         assert 0 < rss < 1 << 30
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+# A server's sequence may lie over non-contiguous cells (see NEAR_TIE): its logprobs agree with
+# a private forward up to the Q8 activations' rounding noise (test_engine_logprobs.py's bound).
+Q8_LOGPROB_TOL = 0.6
+
+
+def test_logprobs_follow_the_engines_logits(served):
+    """Each token's logprob and top alternatives, whole and streamed, against ``log_softmax`` of
+    ``GgufModel.logits`` over the prompt and the tokens before it (teacher-forced)."""
+    server, name, ref = served
+    client = server.client()
+    text = "Part 9. A list of the planets, from the sun outwards:"
+    ids = ref.tok.encode(text)
+    r = client.completions.create(model=name, prompt=text, max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    chat = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=4,
+    )
+    content = chat.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    streamed = client.completions.create(
+        model=name, prompt=text, max_tokens=6, temperature=0, logprobs=3, stream=True
+    )
+    chunks = [c.choices[0] for c in streamed if c.choices]
+    s_lps = [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs]
+    assert len(s_lps) == len(lp.token_logprobs)
+    assert np.allclose(s_lps, lp.token_logprobs, atol=Q8_LOGPROB_TOL)
+    # The tokens the server chose, by id: the engine's own tokenizer over the text it sent.
+    gen = ref.tokens(ids, 6)
+    if ref.tok.decode(gen) != r.choices[0].text:
+        return  # a near-tie took another path (checked by the greedy tests): nothing to compare
+    want = log_softmax(ref.engine.logits(ids + gen[:-1])[len(ids) - 1 :])
+    for i, (tok_id, got, top) in enumerate(zip(gen, lp.token_logprobs, lp.top_logprobs)):
+        assert got <= 0.0
+        assert abs(got - want[i, tok_id]) <= Q8_LOGPROB_TOL, (i, got, want[i, tok_id])
+        assert abs(got - want[i].max()) <= Q8_LOGPROB_TOL  # greedy: the chosen is the top-1
+        assert len(top) >= 3 and max(top.values()) == pytest.approx(got, abs=1e-6)
+
+
+def test_an_evicted_session_is_restored_from_the_host_tier(start_server):
+    """Two sessions that do not fit the cells at once: the second evicts the first's cached
+    sequence, whose chunks go to the host tier; the first session's next turn is restored from
+    there (cached tokens, the tier's counters) and generates what a never-evicted run does."""
+    name = "smollm2-135m"
+    server = start_server(name, "--n-cells", "1000", "--max-batch-tokens", "256", "--threads", "2")
+    ref = Ref(name)
+    client = server.client()
+    words = "bread rye oven flour butter sugar yeast crust dough morning market river".split()
+
+    def user(seed: int, n: int) -> str:
+        return " ".join(words[(seed * 7 + i * 5) % len(words)] for i in range(n))
+
+    a = [{"role": "system", "content": user(1, 500) + " " + SYSTEM}]
+    b = [{"role": "system", "content": user(2, 500) + " " + SYSTEM}]
+    for conv in (a, b):
+        conv.append({"role": "user", "content": "Which cakes do you sell?"})
+        r = client.chat.completions.create(model=name, messages=conv, max_tokens=4, temperature=0)
+        assert r.usage.prompt_tokens_details.cached_tokens < 16  # the template's opening only
+    assert server.metric("offgraph_kv_host_cache_bytes") > 0
+    hits = server.metric("offgraph_kv_host_cache_hits_total")
+    follow = a + [{"role": "user", "content": "And do you open on Mondays?"}]
+    ids = ref.tok.chat_ids(follow)
+    r = client.chat.completions.create(model=name, messages=follow, max_tokens=8, temperature=0)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.usage.prompt_tokens_details.cached_tokens >= 512  # whole 256-token chunks
+    assert server.metric("offgraph_kv_host_cache_hits_total") == hits + 1
+    assert server.metric("offgraph_kv_host_cache_tokens_restored_total") >= 512
+    ref.check(ids, 8, r.choices[0].message.content)
+    assert server.get("/health?audit=true")["audit"] == "ok"
