@@ -130,7 +130,11 @@ def token_text(tok: Any, token_id: int) -> str:
     if tok is None:
         return str(token_id)
     try:
-        return tok.token_text(token_id)
+        if callable(getattr(tok, "token_text", None)):  # the serve tokenizer faces
+            return tok.token_text(token_id)
+        if callable(getattr(tok, "token_bytes", None)):
+            return bytes(tok.token_bytes(token_id)).decode("utf-8", errors="replace")
+        return tok.decode([token_id])
     except InvalidArgumentError:
         return ""
 

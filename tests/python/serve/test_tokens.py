@@ -6,6 +6,7 @@ for MODEL is checked, and bad input is refused with a typed error."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 from offgraph_kv import InvalidArgumentError
@@ -66,7 +67,7 @@ def test_a_stream_never_sends_half_a_character(faces):
     # SmolLM2's byte-level pieces split the emoji; the test is only worth it where they do.
     split = any(b"\xf0" in gguf.token_bytes(t) and len(gguf.token_bytes(t)) < 4 for t in ids)
     for stops in ([], ["café 日"], ["never there"]):
-        c = _Choice(job=None, tok=gguf, stops=stops)
+        c = _Choice(job=SimpleNamespace(logprobs=None), tok=gguf, stops=stops)  # no logprobs
         sent = []
         for t in ids:
             c.add(t)
