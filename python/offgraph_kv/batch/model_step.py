@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _native as _okv
 from .._errors import ConfigError, DTypeError, ShapeError
+from .step_args import Cells, Ids
 
 __all__ = ["CellsModel", "ModelStep", "model_step"]
 
@@ -57,13 +58,7 @@ class ModelStep(Protocol):
         KV heads, head dim), in layer order."""
         ...
 
-    def forward_cells(
-        self,
-        kc: _okv.KvCellCache,
-        tokens: list[int],
-        positions: list[int],
-        rows: list[int],
-    ) -> Any:
+    def forward_cells(self, kc: Cells, tokens: Ids, positions: Ids, rows: Ids) -> Any:
         """One forward over the open step's ``tokens`` at ``positions``; returns float32
         logits ``[len(rows), vocab_size]`` of the tokens at indices ``rows`` (the last token of
         each sequence that samples this step), in ``rows`` order."""
@@ -96,13 +91,7 @@ class CellsModel:
     def layer_configs(self) -> list[_okv.LayerConfig]:
         return list(self._layers)
 
-    def forward_cells(
-        self,
-        kc: _okv.KvCellCache,
-        tokens: list[int],
-        positions: list[int],
-        rows: list[int],
-    ) -> np.ndarray:
+    def forward_cells(self, kc: Cells, tokens: Ids, positions: Ids, rows: Ids) -> np.ndarray:
         out = self.model.forward_cells(kc, tokens, positions, rows)
         if not isinstance(out, np.ndarray) or out.dtype != np.float32:
             raise DTypeError(

@@ -26,6 +26,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from .. import _native as _okv
+from .step_args import Cells, Ids
 
 __all__ = ["CELL_ATTN_NAME", "TransformersStep", "cell_attention", "register_cell_attention"]
 
@@ -177,13 +178,7 @@ class TransformersStep:
     def layer_configs(self) -> list[_okv.LayerConfig]:
         return list(self._layers)
 
-    def forward_cells(
-        self,
-        kc: _okv.KvCellCache,
-        tokens: list[int],
-        positions: list[int],
-        rows: list[int],
-    ) -> np.ndarray:
+    def forward_cells(self, kc: Cells, tokens: Ids, positions: Ids, rows: Ids) -> np.ndarray:
         if self._past is None or self._past[0] is not kc:
             self._past = (kc, _CellStepCache(kc, self._sliding))
         ids = torch.tensor([tokens], dtype=torch.long)

@@ -25,81 +25,66 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "offgraph_kv_requests",
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"offgraph_kv_{name}", doc, registry=r)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"offgraph_kv_{name}", doc, labels, registry=r)
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(f"offgraph_kv_{name}", doc, buckets=_LATENCY, registry=r)
+
+        self.requests = counter(
+            "requests",
             "Requests (choices) by outcome: finished, cancelled, rejected, error",
-            ["outcome"],
-            registry=r,
+            ("outcome",),
         )
-        self.running = Gauge("offgraph_kv_requests_running", "Requests in the batch", registry=r)
-        self.waiting = Gauge(
-            "offgraph_kv_requests_waiting",
+        self.running = gauge("requests_running", "Requests in the batch")
+        self.waiting = gauge(
+            "requests_waiting",
             "Requests queued for their first token (the admission queue's depth)",
-            registry=r,
         )
-        self.prompt_tokens = Counter(
-            "offgraph_kv_prompt_tokens", "Prompt tokens of admitted requests", registry=r
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests")
+        self.cached_tokens = counter(
+            "cached_tokens", "Prompt tokens served from shared cells instead of being computed"
         )
-        self.cached_tokens = Counter(
-            "offgraph_kv_cached_tokens",
-            "Prompt tokens served from shared cells instead of being computed",
-            registry=r,
-        )
-        self.generated_tokens = Counter(
-            "offgraph_kv_generated_tokens", "Tokens generated", registry=r
-        )
-        self.cells_used = Gauge("offgraph_kv_cells_used", "Cells in use", registry=r)
-        self.cells_free = Gauge("offgraph_kv_cells_free", "Free cells", registry=r)
-        self.cells_cached = Gauge(
-            "offgraph_kv_cells_cached",
+        self.generated_tokens = counter("generated_tokens", "Tokens generated")
+        self.cells_used = gauge("cells_used", "Cells in use")
+        self.cells_free = gauge("cells_free", "Free cells")
+        self.cells_cached = gauge(
+            "cells_cached",
             "Cells in use that no running request wrote: prefix cache and shared prompts",
-            registry=r,
         )
-        self.pool_committed_bytes = Gauge(
-            "offgraph_kv_pool_committed_bytes",
+        self.pool_committed_bytes = gauge(
+            "pool_committed_bytes",
             "Memory the K/V pools have committed: resident pages of reserved pools, the heap "
             "buffers of grown ones (updated between steps, at most every second while busy)",
-            registry=r,
         )
-        self.resident_bytes = Gauge(
-            "offgraph_kv_process_resident_bytes",
-            "The server process's resident memory, read at scrape time",
-            registry=r,
+        self.resident_bytes = gauge(
+            "process_resident_bytes", "The server process's resident memory, read at scrape time"
         )
         self.resident_bytes.set_function(resident_bytes)
-        self._host_cache(r)
-        self.step_seconds = Histogram(
-            "offgraph_kv_step_seconds", "Time of one generator step", buckets=_LATENCY, registry=r
-        )
-        self.ttft_seconds = Histogram(
-            "offgraph_kv_time_to_first_token_seconds",
-            "Time from admission to a request's first token",
-            buckets=_LATENCY,
-            registry=r,
-        )
-
-    def _host_cache(self, r: CollectorRegistry) -> None:
-        self.host_cache_bytes = Gauge(
-            "offgraph_kv_host_cache_bytes",
+        self.host_cache_bytes = gauge(
+            "host_cache_bytes",
             "Bytes of K/V chunks the host tier holds (prompts evicted from the cells)",
-            registry=r,
         )
-        self.host_cache_hits = Counter(
-            "offgraph_kv_host_cache_hits",
-            "Admissions whose prompt prefix the host tier restored",
-            registry=r,
+        self.host_cache_hits = counter(
+            "host_cache_hits", "Admissions whose prompt prefix the host tier restored"
         )
-        self.host_cache_evictions = Counter(
-            "offgraph_kv_host_cache_evictions",
+        self.host_cache_evictions = counter(
+            "host_cache_evictions",
             "Chunks the host tier dropped for room (least recently used first)",
-            registry=r,
         )
-        self.host_cache_tokens_restored = Counter(
-            "offgraph_kv_host_cache_tokens_restored",
+        self.host_cache_tokens_restored = counter(
+            "host_cache_tokens_restored",
             "Prompt tokens restored from the host tier instead of being computed",
-            registry=r,
         )
         self._host_seen: dict[str, int] = {}
+        self.step_seconds = histogram("step_seconds", "Time of one generator step")
+        self.ttft_seconds = histogram(
+            "time_to_first_token_seconds", "Time from admission to a request's first token"
+        )
 
     def host_cache(self, stats: dict) -> None:
         """Publishes a generator's ``host_cache_*`` stats (counters by their increase)."""
