@@ -94,7 +94,7 @@ def test_a_ring_range_wider_than_its_depth_is_a_snapshot_error(policies, dtype, 
 
 
 @pytest.mark.parametrize(
-    "at, values, match", [(10, (2, 3, 0x80, 0xFF), "unknown kind"), (11, (1, 0x80, 0xFF), "flags")]
+    "at, values, match", [(10, (3, 0x80, 0xFF), "unknown kind"), (11, (1, 0x80, 0xFF), "flags")]
 )
 def test_an_unknown_kind_or_flag_is_a_snapshot_error(at, values, match):
     policies = [okv.Ring(window=4), okv.Flat()]
@@ -109,6 +109,21 @@ def test_an_unknown_kind_or_flag_is_a_snapshot_error(at, values, match):
             okv.snapshot_info(d)
         with pytest.raises(okv.SnapshotError, match=match):
             b.load_state(d)
+    assert state(b, 2) == before
+
+
+def test_another_caches_kind_is_a_snapshot_error():
+    # Kind 2 is a cell sequence's chunk: known (snapshot_info reads it), never a sequence
+    # cache's state.
+    policies = [okv.Ring(window=4), okv.Flat()]
+    a = okv.KvSequenceCache(config(policies))
+    feed(a, 9, 2)
+    d = forged(a.save_state(), 10, bytes([2]))
+    assert okv.snapshot_info(d)["kind"] == "chunk"
+    b = okv.KvSequenceCache(config(policies))
+    before = state(b, 2)
+    with pytest.raises(okv.SnapshotError, match="chunk"):
+        b.load_state(d)
     assert state(b, 2) == before
 
 
