@@ -1,49 +1,14 @@
 //! Snapshots: round trips restore exactly what the next step reads, every
 //! refusal leaves the cache unchanged, and a cell sequence moves between caches.
 
-use offgraph_kv::kv::snapshot::{crc32, FORMAT_VERSION};
+mod common;
+
+use common::snap::{cell_feed, cell_step, cfg, forged, rows, D, H, MIXED};
+use offgraph_kv::kv::snapshot::FORMAT_VERSION;
 use offgraph_kv::{
     attend, snapshot_info, AttendOptions, CacheConfig, CacheError, KvCellCache, KvSequenceCache,
-    LayerConfig, LayerPolicy,
+    LayerPolicy,
 };
-
-const H: usize = 2;
-const D: usize = 4;
-
-fn val(layer: usize, pos: usize, h: usize, d: usize, v: bool) -> f32 {
-    let x = (layer * 1009 + pos * 31 + h * 7 + d) as f32 * 0.173 + if v { 0.5 } else { 0.0 };
-    x.sin()
-}
-
-/// `[H, n, D]` rows of positions `p0..p0+n` of `layer`.
-fn rows(layer: usize, p0: usize, n: usize, v: bool) -> Vec<f32> {
-    let mut out = Vec::with_capacity(H * n * D);
-    for h in 0..H {
-        for t in 0..n {
-            for d in 0..D {
-                out.push(val(layer, p0 + t, h, d, v));
-            }
-        }
-    }
-    out
-}
-
-fn cfg(policies: &[LayerPolicy], max_step: usize) -> CacheConfig {
-    let layers = policies
-        .iter()
-        .map(|p| LayerConfig::new(*p, H, D))
-        .collect();
-    let mut c = CacheConfig::new(256, policies.len(), layers);
-    c.max_step = max_step;
-    c.initial_capacity = 2;
-    c
-}
-
-const MIXED: [LayerPolicy; 3] = [
-    LayerPolicy::Flat,
-    LayerPolicy::Ring { window: 8 },
-    LayerPolicy::Ring { window: 5 },
-];
 
 /// Feeds positions `[len, to)` in steps of at most `step` tokens.
 fn feed(c: &mut KvSequenceCache, to: usize, step: usize) {
@@ -185,15 +150,6 @@ fn refused(c: &mut KvSequenceCache, data: &[u8], needle: &str) {
     assert_eq!(state(c), before);
 }
 
-/// `data` with `patch` applied and a valid checksum.
-fn forged(data: &[u8], at: usize, patch: &[u8]) -> Vec<u8> {
-    let mut d = data[..data.len() - 4].to_vec();
-    d[at..at + patch.len()].copy_from_slice(patch);
-    let c = crc32(&d);
-    d.extend_from_slice(&c.to_le_bytes());
-    d
-}
-
 #[test]
 fn bad_snapshots_are_refused_and_change_nothing() {
     let mut a = KvSequenceCache::new(cfg(&MIXED, 3)).unwrap();
@@ -268,50 +224,20 @@ fn cell_cfg() -> CacheConfig {
     cfg(&MIXED, 3)
 }
 
-fn cell_feed(c: &mut KvCellCache, seq: u64, from: usize, to: usize) {
-    let mut p = from;
-    while p < to {
-        let n = 3.min(to - p);
-        let pos: Vec<usize> = (p..p + n).collect();
-        c.begin_step(&vec![seq; n], &pos).unwrap();
-        for l in 0..3 {
-            c.update(l, &rows(l, p, n, false), &rows(l, p, n, true))
-                .unwrap();
-        }
-        p += n;
-    }
-}
-
-fn cell_step(c: &mut KvCellCache, seq: u64, p: usize) -> Vec<Vec<f32>> {
-    c.begin_step(&[seq], &[p]).unwrap();
-    let opts = AttendOptions {
-        threads: Some(1),
-        ..Default::default()
-    };
-    (0..3)
-        .map(|l| {
-            let spec = c
-                .update(l, &rows(l, p, 1, false), &rows(l, p, 1, true))
-                .unwrap();
-            attend(&rows(l + 7, p, 1, false), [H, 1, D], &spec, &opts).unwrap()
-        })
-        .collect()
-}
-
 #[test]
 fn a_cell_sequence_moves_between_caches() {
     let mut a = KvCellCache::new(cell_cfg(), 64, 8).unwrap();
     let s = a.cells_mut().seq_new().unwrap();
-    cell_feed(&mut a, s, 0, 20);
+    cell_feed(&mut a, s, 0, 20, 3);
     let t = a.cells_mut().seq_clone(s, Some(18)).unwrap();
-    cell_feed(&mut a, t, 18, 23);
+    cell_feed(&mut a, t, 18, 23, 3);
     a.cells_mut().seq_rm(s, 3, Some(5)).unwrap(); // a gap in the full table
     let blob_s = a.save_seq(s, None).unwrap();
     let blob_t = a.save_seq(t, None).unwrap();
     // The target holds another sequence, so cells differ.
     let mut b = KvCellCache::new(cell_cfg(), 64, 8).unwrap();
     let o = b.cells_mut().seq_new().unwrap();
-    cell_feed(&mut b, o, 0, 7);
+    cell_feed(&mut b, o, 0, 7, 3);
     let s2 = b.load_seq(&blob_s).unwrap();
     let t2 = b.load_seq(&blob_t).unwrap();
     b.cells().audit().unwrap();
@@ -350,7 +276,7 @@ fn a_cell_sequence_moves_between_caches() {
 fn bad_cell_snapshots_are_refused_and_change_nothing() {
     let mut a = KvCellCache::new(cell_cfg(), 64, 8).unwrap();
     let s = a.cells_mut().seq_new().unwrap();
-    cell_feed(&mut a, s, 0, 30);
+    cell_feed(&mut a, s, 0, 30, 3);
     let blob = a.save_seq(s, None).unwrap();
     // The ring table dropped what an early cut needs.
     assert!(matches!(
@@ -359,7 +285,7 @@ fn bad_cell_snapshots_are_refused_and_change_nothing() {
     ));
     let mut b = KvCellCache::new(cell_cfg(), 64, 8).unwrap();
     let o = b.cells_mut().seq_new().unwrap();
-    cell_feed(&mut b, o, 0, 4);
+    cell_feed(&mut b, o, 0, 4, 3);
     let check = |b: &mut KvCellCache, d: &[u8], snapshot_err: bool| {
         let before = b.cells().clone();
         let e = b.load_seq(d).unwrap_err();

@@ -1,48 +1,17 @@
 //! Cell chunk snapshots: chunks from 0 restore one sequence equal to one never
 //! saved, ring completeness is enforced, and every refusal changes nothing.
 
-use offgraph_kv::{
-    attend, snapshot_info, AttendOptions, CacheConfig, CacheError, KvCellCache, LayerConfig,
-    LayerPolicy,
-};
+mod common;
 
-const H: usize = 2;
-const D: usize = 4;
+use common::snap::{self, cell_feed, cell_step, forged, MIXED};
+use offgraph_kv::{snapshot_info, CacheConfig, CacheError, KvCellCache, LayerPolicy};
+
 const STEP: usize = 3;
 
-fn val(layer: usize, pos: usize, h: usize, d: usize, v: bool) -> f32 {
-    let x = (layer * 1009 + pos * 31 + h * 7 + d) as f32 * 0.173 + if v { 0.5 } else { 0.0 };
-    x.sin()
-}
-
-fn rows(layer: usize, p0: usize, n: usize, v: bool) -> Vec<f32> {
-    let mut out = Vec::with_capacity(H * n * D);
-    for h in 0..H {
-        for t in 0..n {
-            for d in 0..D {
-                out.push(val(layer, p0 + t, h, d, v));
-            }
-        }
-    }
-    out
-}
-
 fn cfg(policies: &[LayerPolicy]) -> CacheConfig {
-    let layers = policies
-        .iter()
-        .map(|p| LayerConfig::new(*p, H, D))
-        .collect();
-    let mut c = CacheConfig::new(256, policies.len(), layers);
-    c.max_step = STEP;
-    c.initial_capacity = 2;
-    c
+    snap::cfg(policies, STEP)
 }
 
-const MIXED: [LayerPolicy; 3] = [
-    LayerPolicy::Flat,
-    LayerPolicy::Ring { window: 8 },
-    LayerPolicy::Ring { window: 5 },
-];
 const FLAT: [LayerPolicy; 2] = [LayerPolicy::Flat, LayerPolicy::Flat];
 const RING: [LayerPolicy; 2] = [
     LayerPolicy::Ring { window: 6 },
@@ -50,34 +19,12 @@ const RING: [LayerPolicy; 2] = [
 ];
 
 fn feed(c: &mut KvCellCache, seq: u64, from: usize, to: usize) {
-    let mut p = from;
-    while p < to {
-        let n = STEP.min(to - p);
-        let pos: Vec<usize> = (p..p + n).collect();
-        c.begin_step(&vec![seq; n], &pos).unwrap();
-        for l in 0..c.config().n_layers {
-            c.update(l, &rows(l, p, n, false), &rows(l, p, n, true))
-                .unwrap();
-        }
-        p += n;
-    }
+    cell_feed(c, seq, from, to, STEP);
 }
 
 fn next_step(c: &mut KvCellCache, seq: u64) -> Vec<Vec<f32>> {
     let p = c.cells().next_pos(seq).unwrap();
-    c.begin_step(&[seq], &[p]).unwrap();
-    let opts = AttendOptions {
-        threads: Some(1),
-        ..Default::default()
-    };
-    (0..c.config().n_layers)
-        .map(|l| {
-            let spec = c
-                .update(l, &rows(l, p, 1, false), &rows(l, p, 1, true))
-                .unwrap();
-            attend(&rows(l + 7, p, 1, false), [H, 1, D], &spec, &opts).unwrap()
-        })
-        .collect()
+    cell_step(c, seq, p)
 }
 
 /// Every pool's row count, K bytes and V bytes.
@@ -265,15 +212,6 @@ fn bad_chains_are_refused_and_change_nothing() {
     // The intact chain still loads after all of that.
     let t = b.load_seq_chunks(&[p0, p1, p2]).unwrap();
     assert_eq!(a.save_seq(s, None).unwrap(), b.save_seq(t, None).unwrap());
-}
-
-/// `data` with `patch` at `at` and a valid checksum.
-fn forged(data: &[u8], at: usize, patch: &[u8]) -> Vec<u8> {
-    let mut d = data[..data.len() - 4].to_vec();
-    d[at..at + patch.len()].copy_from_slice(patch);
-    let c = offgraph_kv::kv::snapshot::crc32(&d);
-    d.extend_from_slice(&c.to_le_bytes());
-    d
 }
 
 #[test]

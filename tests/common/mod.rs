@@ -3,6 +3,8 @@
 //! references attend over).
 #![allow(dead_code)]
 
+pub mod snap;
+
 /// splitmix64: small, fast, and good enough to drive random operation sequences.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
