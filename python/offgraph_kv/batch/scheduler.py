@@ -256,7 +256,9 @@ class Scheduler:
     def _fork(self, req: Request) -> tuple[int, int, int | None]:
         """``(seq, upto, source)``: a fork of the longest held prefix the cache allows, else a
         fresh sequence."""
-        best = self._best_upto(req)
+        # What the held sequences already give: the tier and the store must beat it (the walk
+        # runs only for them; the forks below walk the index themselves).
+        best = self._best_upto(req) if self.host is not None or self.store is not None else 0
         if self.host is not None and self.host.peek(self.kc, req.prompt, best):
             # In process, asked before the store. The restore takes cells: make the room the
             # whole request needs first (evictions go to the tier, so ask it again after).
