@@ -117,3 +117,46 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def stream_chats(
+    server: Server, model: str, convs: list, leaving: set, stay: int, leave: int
+) -> list[str]:
+    """Every conversation as a concurrent greedy stream (``stay`` tokens, ``leave`` for the
+    clients in ``leaving``, which go away after their first text chunk); each stream's text."""
+    import asyncio
+
+    async def one(client, i):
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=convs[i],
+            max_tokens=leave if i in leaving else stay,
+            temperature=0,
+            stream=True,
+        )
+        text = []
+        async for c in stream:
+            if c.choices and c.choices[0].delta.content:
+                text.append(c.choices[0].delta.content)
+                if i in leaving:
+                    break
+        await stream.close()
+        return "".join(text)
+
+    async def main():
+        client = server.async_client(timeout=600)
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(len(convs))))
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def settled_health(server: Server, timeout: float = 300.0) -> dict:
+    """``/health?audit=true`` once nothing runs any more (cancelled streams wind down)."""
+    deadline = time.monotonic() + timeout
+    while server.get("/health")["running"]:
+        assert time.monotonic() < deadline, "requests still running"
+        time.sleep(0.2)
+    return server.get("/health?audit=true")

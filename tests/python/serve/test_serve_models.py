@@ -8,13 +8,13 @@ holds only its prefix cache (its audit passes)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
 from model_helpers import reference
 from offgraph_kv.serve.loading import chat_ids, stop_token_ids, with_chat_template
 from offgraph_kv.tools.serve_demo import QUESTIONS  # the demo's customer questions
+
+from .serve_helpers import settled_health, stream_chats
 
 torch.set_num_threads(2)
 
@@ -128,37 +128,12 @@ def test_32_concurrent_streams_a_third_leaving(gemma):
     ]
     leaving = {i for i in range(32) if i % 3 == 2}
 
-    async def one(client, i):
-        n = 64 if i in leaving else 6
-        stream = await client.chat.completions.create(
-            model=name, messages=convs[i], max_tokens=n, temperature=0, stream=True
-        )
-        text = []
-        async for c in stream:
-            if c.choices and c.choices[0].delta.content:
-                text.append(c.choices[0].delta.content)
-                if i in leaving:
-                    break
-        await stream.close()
-        return "".join(text)
-
-    async def main():
-        client = server.async_client(timeout=600)
-        try:
-            return await asyncio.gather(*(one(client, i) for i in range(32)))
-        finally:
-            await client.close()
-
     cancelled = server.get("/health")["requests_cancelled"]
-    texts = asyncio.run(main())
+    texts = stream_chats(server, name, convs, leaving, stay=6, leave=64)
     for i, text in enumerate(texts):
         if i not in leaving:
             assert text == expected(model, tok, chat_ids(tok, convs[i]), 6), i
-    deadline = 600
-    while server.get("/health")["running"] and deadline:
-        deadline -= 1
-        asyncio.run(asyncio.sleep(0.5))
-    h = server.get("/health?audit=true")
+    h = settled_health(server)
     assert h["audit"] == "ok", h
     assert h["running"] == 0 and h["waiting"] == 0
     assert h["cells_used"] == h["cells_cached"]  # only the prefix cache is left

@@ -9,10 +9,8 @@ host tier; the server process never loads torch."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
 
 import numpy as np
 import openai
@@ -21,6 +19,8 @@ from offgraph_kv.batch import BatchGenerator
 from offgraph_kv.engine import GgufModel
 from offgraph_kv.serve import loading
 from offgraph_kv.tools.serve_demo import QUESTIONS
+
+from .serve_helpers import settled_health, stream_chats
 
 KEY = "okv-test-key-3f9a"
 ARGS = ("--n-cells", "8192", "--max-batch-tokens", "256", "--threads", "2")
@@ -190,40 +190,12 @@ def test_concurrent_streams_some_leaving(servers):
     ]
     leaving = {i for i in range(12) if i % 3 == 2}
 
-    async def one(client, i):
-        stream = await client.chat.completions.create(
-            model=name,
-            messages=convs[i],
-            max_tokens=48 if i in leaving else 6,
-            stream=True,
-            temperature=0,
-        )
-        text = []
-        async for c in stream:
-            if c.choices and c.choices[0].delta.content:
-                text.append(c.choices[0].delta.content)
-                if i in leaving:
-                    break
-        await stream.close()
-        return "".join(text)
-
-    async def main():
-        client = server.async_client(timeout=600)
-        try:
-            return await asyncio.gather(*(one(client, i) for i in range(12)))
-        finally:
-            await client.close()
-
     cancelled = server.get("/health")["requests_cancelled"]
-    texts = asyncio.run(main())
+    texts = stream_chats(server, name, convs, leaving, stay=6, leave=48)
     for i, text in enumerate(texts):
         if i not in leaving:
             ref.check(ref.tok.chat_ids(convs[i]), 6, text)
-    deadline = time.monotonic() + 300
-    while server.get("/health")["running"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    h = server.get("/health?audit=true")
+    h = settled_health(server)
     assert h["audit"] == "ok", h
     assert h["running"] == 0 and h["waiting"] == 0 and h["cells_used"] == h["cells_cached"]
     assert h["requests_cancelled"] > cancelled
