@@ -143,14 +143,47 @@ fn benches(c: &mut Criterion) {
     // Batched: time per token (Throughput::Elements = tokens) falls with n.
     let mut g = c.benchmark_group("batched");
     g.sample_size(10);
-    for (name, ty, rows, cols) in [
-        ("gemma_gate_q5_0_640to2048", GgmlType::Q5_0, 2048, 640),
-        ("gemma_down_q6_k_2048to640", GgmlType::Q6_K, 640, 2048),
-        ("smollm2_up_q4_1_576to1536", GgmlType::Q4_1, 1536, 576),
+    // The output projection only at 16 tokens: a decode step of 16 streams.
+    for (name, ty, rows, cols, ns) in [
+        (
+            "gemma_gate_q5_0_640to2048",
+            GgmlType::Q5_0,
+            2048,
+            640,
+            &[1usize, 16, 128][..],
+        ),
+        (
+            "gemma_down_q6_k_2048to640",
+            GgmlType::Q6_K,
+            640,
+            2048,
+            &[1, 16, 128],
+        ),
+        (
+            "gemma_attn_out_q4_k_1024to640",
+            GgmlType::Q4_K,
+            640,
+            1024,
+            &[16, 128],
+        ),
+        (
+            "smollm2_up_q4_1_576to1536",
+            GgmlType::Q4_1,
+            1536,
+            576,
+            &[1, 16, 128],
+        ),
+        (
+            "gemma_output_q8_0_262144x640",
+            GgmlType::Q8_0,
+            262_144,
+            640,
+            &[16],
+        ),
     ] {
         let data = weight(ty, rows, cols);
         let w = QMatrix::new(ty, rows, cols, &data).unwrap();
-        for n in [1usize, 16, 128] {
+        for &n in ns {
             let x = input(n, cols);
             let mut out = vec![0f32; n * rows];
             g.throughput(Throughput::Elements(n as u64));

@@ -227,14 +227,16 @@ fn near_tie_rule() {
 /// to the 1e-3 rule; q8_0 pools swapped at 4.1e-3 (SmolLM2). On the
 /// kernels' quantized activations a pool's small change can cross a Q8
 /// rounding step, and swaps were seen up to 4.8e-3 for float16/bfloat16
-/// and 3.1e-3 for q8_0, hence 1e-2; q8_0 pools on Gemma 3 also missed once
+/// and 3.1e-3 for q8_0; with the batched kernels taking blocks two a
+/// register (another f32 summation order) runner-up swaps reached 1.7e-2,
+/// hence 2.5e-2; q8_0 pools on Gemma 3 also missed once
 /// outright (4.9e-2 of scale, not the runner-up), which is allowed once per
 /// prompt for q8_0 and reported.
 fn dtypes_follow_float32(model: &mut Model, exact: bool, dtypes: &[KvDtype]) {
     model.set_exact_matmul(exact);
     let tol = |d: KvDtype| match (exact, d) {
         (true, _) => 1e-3,
-        (false, _) => 1e-2,
+        (false, _) => 2.5e-2,
     };
     let model = &*model;
     let vocab = model.config().vocab;

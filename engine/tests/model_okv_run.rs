@@ -77,7 +77,11 @@ fn okv_run_prints_the_greedy_text_and_both_rates() {
 fn okv_run_chat_with_a_q8_0_cache_stops_at_the_turn_end() {
     let out = Command::new(env!("CARGO_BIN_EXE_okv-run"))
         .arg(common::smollm2_gguf())
-        .args(["-p", "What is the capital of France?", "-n", "48", "--chat"])
+        // A question the model answers briefly: at temperature 0.5 the open
+        // "What is the capital of France?" may ramble past the budget on a
+        // given seed, which says nothing about the stop.
+        .args(["-p", "What is the capital of France? Answer in one word."])
+        .args(["-n", "48", "--chat"])
         .args(["--kv-dtype", "q8_0", "--temp", "0.5", "--seed", "3"])
         .output()
         .unwrap();

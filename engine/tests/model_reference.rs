@@ -57,7 +57,14 @@ fn reference(arch: &str) -> Result<Reference, String> {
 }
 
 /// Top-1 agreement and mean KL over the positions; prints both.
-fn compare(name: &str, path: &Path, exact: bool) -> Result<(f64, f64), String> {
+/// How far below the reference's best an engine's choice may be (nats):
+/// the largest gap seen on the kernels was 0.52 (Gemma 3).
+const NEAR_TIE_NATS: f64 = 0.75;
+
+/// Top-1 agreement, mean KL, and the misses that are not a near-tie (the
+/// engine's choice not in the reference's top 5, or more than
+/// [`NEAR_TIE_NATS`] below the reference's best there).
+fn compare(name: &str, path: &Path, exact: bool) -> Result<(f64, f64, usize), String> {
     let mut model = Model::open(path).map_err(|e| e.to_string())?;
     model.set_exact_matmul(exact);
     let r = reference(model.config().arch.name())?;
@@ -72,7 +79,7 @@ fn compare(name: &str, path: &Path, exact: bool) -> Result<(f64, f64), String> {
         .forward(&mut cache, &r.ids, &vec![seq; t], &positions, &rows)
         .map_err(|e| e.to_string())?;
     let vocab = model.config().vocab;
-    let (mut agree, mut kl_sum) = (0usize, 0.0f64);
+    let (mut agree, mut kl_sum, mut wild) = (0usize, 0.0f64, 0usize);
     for (row, top) in logits.chunks_exact(vocab).zip(&r.top) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
         let lse = max
@@ -92,6 +99,11 @@ fn compare(name: &str, path: &Path, exact: bool) -> Result<(f64, f64), String> {
         if top.first().is_some_and(|&(i, _)| i == argmax) {
             agree += 1;
         } else {
+            let best = top.first().map_or(f64::NEG_INFINITY, |&(_, lp)| lp);
+            let near = top
+                .iter()
+                .any(|&(i, lp)| i == argmax && best - lp <= NEAR_TIE_NATS);
+            wild += usize::from(!near);
             let ours = row[argmax] as f64 - lse;
             println!(
                 "  miss: reference top-2 {:?}, engine {argmax} at {ours:.4}",
@@ -116,23 +128,27 @@ fn compare(name: &str, path: &Path, exact: bool) -> Result<(f64, f64), String> {
         "{name} ({mode}): {t} positions, top-1 agreement {:.2}%, mean KL (top-5 + rest) {kl:.3e}",
         top1 * 100.0
     );
-    Ok((top1, kl))
+    Ok((top1, kl, wild))
 }
 
 /// The forward itself, on f32 activations: what remains is float rounding.
 fn exact_forward(name: &str, path: &Path) {
-    let (top1, kl) = compare(name, path, true).unwrap();
+    let (top1, kl, _) = compare(name, path, true).unwrap();
     assert!(top1 >= 0.98, "top-1 agreement {top1}");
     assert!(kl <= 0.01, "mean KL {kl}");
 }
 
 /// The engine as it runs, on the kernels' quantized activations (Q8 blocks,
 /// as llama.cpp computes): the KL bound holds; top-1 agreement is lower,
-/// every miss being the reference's runner-up within a few tenths of a nat
-/// (printed), so the bound here is the measured level.
+/// every miss a near-tie of the reference within a few tenths of a nat
+/// (printed and asserted). Which near-ties flip follows the f32 summation
+/// order of the kernels: taking batched blocks two a register moved Gemma 3
+/// from 95.3% to 93.0% while its KL fell (6.8e-3 to 6.5e-3), so the bound
+/// leaves room under the measured levels (93-96%).
 fn kernel_forward(name: &str, path: &Path) {
-    let (top1, kl) = compare(name, path, false).unwrap();
-    assert!(top1 >= 0.93, "top-1 agreement {top1}");
+    let (top1, kl, wild) = compare(name, path, false).unwrap();
+    assert_eq!(wild, 0, "misses that are not near-ties of the reference");
+    assert!(top1 >= 0.9, "top-1 agreement {top1}");
     assert!(kl <= 0.01, "mean KL {kl}");
 }
 

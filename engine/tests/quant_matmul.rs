@@ -186,7 +186,7 @@ fn is_x86_feature_detected_vnni() -> bool {
 
 /// The VNNI kernels compute the same integer dots as AVX2 with the same
 /// scales; only the f32 summation order differs (rows taken four at a time,
-/// offsets folded into the int32 start).
+/// offsets folded into the int32 start, batched blocks two a register).
 #[test]
 fn vnni_and_avx2_agree_closely() {
     if !is_x86_feature_detected_vnni() {
@@ -221,6 +221,31 @@ fn vnni_and_avx2_agree_closely() {
                     checked += 1;
                 }
             }
+        }
+    }
+    // The 32-value types' batched pass takes blocks two at a time: an odd
+    // block count (800 = 25 blocks) leaves a last single block; 9 tokens are
+    // two chunks of four and a tail of one, 37 rows pairs and a tail.
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+    ] {
+        let (rows, cols, n) = (37usize, 800usize, 9usize);
+        let data = weight(ty, rows, cols, 77);
+        let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+        let x = input(n, cols, 21);
+        let (mut v, mut a) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+        matmul_with_isa(QuantIsa::Avx512Vnni, &w, &x, n, &mut v, 1).unwrap();
+        matmul_with_isa(QuantIsa::Avx2, &w, &x, n, &mut a, 1).unwrap();
+        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+        for (k, (v, a)) in v.iter().zip(&a).enumerate() {
+            assert!(
+                (v - a).abs() <= 2e-5 * scale,
+                "{ty:?} {rows}x{cols} n={n} [{k}]: vnni {v} avx2 {a}"
+            );
+            checked += 1;
         }
     }
     println!("{checked} vnni outputs agree with avx2");

@@ -7,8 +7,9 @@
 
 use super::config::{Arch, ModelConfig};
 use super::exact::matmul_exact;
+use super::gate::gated;
 use super::ops::{
-    from_heads, gated, rms_norm_in_place, rms_norm_into, rope_in_place, rope_table, to_heads,
+    from_heads, rms_norm_in_place, rms_norm_into, rope_in_place, rope_table, to_heads,
 };
 use super::weights::{LayerWeights, Weights};
 use crate::error::{EngineError, Result};

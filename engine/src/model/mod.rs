@@ -15,6 +15,7 @@
 mod config;
 mod exact;
 mod forward;
+mod gate;
 mod ops;
 mod weights;
 

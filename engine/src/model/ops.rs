@@ -1,4 +1,5 @@
-//! The element-wise pieces of a decoder layer: RMSNorm, RoPE, gate activations.
+//! The element-wise pieces of a decoder layer: RMSNorm, RoPE, head layouts
+//! (the gate activations are in `gate`).
 //!
 //! Every function works on whole rows of a known width; a length that is not
 //! a multiple of it is handled by `chunks_exact` (the tail is ignored, which
@@ -105,24 +106,6 @@ pub fn rope_in_place(
             }
         }
     }
-}
-
-/// `gate = act(gate) * up`, element-wise.
-pub fn gated(gate: &mut [f32], up: &[f32], gelu: bool) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let a = if gelu { gelu_tanh(*g) } else { silu(*g) };
-        *g = a * u;
-    }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
-fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
 }
 
 /// `[T, H * d]` token-major to `[H, T, d]` head-major.

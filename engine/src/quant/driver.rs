@@ -52,6 +52,9 @@ impl Out {
 /// Rows taken together by a matvec pass (single-token chunks): kernels that
 /// override [`Kernel::dots_rows`] then run this many FMA chains at once.
 const ROWS: usize = 4;
+/// Rows taken together against a chunk of [`TOK`] tokens: each token's
+/// registers serve both rows, and the (row, token) accumulators fit.
+const ROWS_BATCHED: usize = 2;
 
 struct Portable;
 
@@ -299,23 +302,15 @@ fn rows_chunk<K: Kernel, const T: usize>(
     let (w, rb) = (&job.w, job.row_bytes);
     let mut ok = true;
     let row = |r: usize| r.checked_mul(rb).and_then(|lo| w.data.get(lo..lo + rb));
-    let mut r = b0;
-    // One token: several rows per pass (independent accumulators).
-    while T == 1 && r + ROWS <= b1 {
-        let rs: [Option<&[u8]>; ROWS] = core::array::from_fn(|i| row(r + i));
-        let Some(rs) = all(rs) else {
-            return false;
-        };
-        let Some(v) = K::dots_rows::<ROWS, T>(w.ty, &rs, views) else {
-            return false;
-        };
-        for (i, v) in v.into_iter().enumerate() {
-            for (j, v) in v.into_iter().enumerate() {
-                ok &= job.out.put((t + j) * w.rows + r + i, v);
-            }
-        }
-        r += ROWS;
-    }
+    // Several rows per pass (independent accumulators).
+    let r = if T == 1 {
+        multi::<K, ROWS, T>(job, views, t, b0, b1, &mut ok)
+    } else {
+        multi::<K, ROWS_BATCHED, T>(job, views, t, b0, b1, &mut ok)
+    };
+    let Some(r) = r else {
+        return false;
+    };
     for r in r..b1 {
         let Some(row) = row(r) else {
             return false;
@@ -330,6 +325,33 @@ fn rows_chunk<K: Kernel, const T: usize>(
         }
     }
     ok
+}
+
+/// Rows from `b0` in passes of `R` against the `T` tokens from `t`; the
+/// first row left over, or `None` when a row view was out of range.
+#[inline(always)]
+fn multi<K: Kernel, const R: usize, const T: usize>(
+    job: &Job,
+    views: &[Act<'_>; T],
+    t: usize,
+    b0: usize,
+    b1: usize,
+    ok: &mut bool,
+) -> Option<usize> {
+    let (w, rb) = (&job.w, job.row_bytes);
+    let row = |r: usize| r.checked_mul(rb).and_then(|lo| w.data.get(lo..lo + rb));
+    let mut r = b0;
+    while r + R <= b1 {
+        let rs: [Option<&[u8]>; R] = core::array::from_fn(|i| row(r + i));
+        let v = K::dots_rows::<R, T>(w.ty, &all(rs)?, views)?;
+        for (i, v) in v.into_iter().enumerate() {
+            for (j, v) in v.into_iter().enumerate() {
+                *ok &= job.out.put((t + j) * w.rows + r + i, v);
+            }
+        }
+        r += R;
+    }
+    Some(r)
 }
 
 fn all<T: Copy, const N: usize>(a: [Option<T>; N]) -> Option<[T; N]> {

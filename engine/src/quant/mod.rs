@@ -39,6 +39,8 @@ mod simd;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod vnni_k;
+#[cfg(target_arch = "x86_64")]
+mod vnni_wide;
 
 pub use dequant::dequantize_row;
 pub use f16::{bf16_to_f32, f16_to_f32};

@@ -21,6 +21,7 @@ use super::act::Act;
 use super::avx2::Avx2;
 use super::kernel::Kernel;
 use super::simd::{check, hsum};
+use super::vnni_wide::q32x;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -49,6 +50,11 @@ impl Kernel for Vnni {
         // sums; the CPU has the module's features (module docs).
         unsafe {
             Some(match ty {
+                // Batched steps: two blocks a register (`vnni_wide`).
+                GgmlType::Q4_0 if T > 1 => q32x::<R, T, 0>(rows, a, cols),
+                GgmlType::Q4_1 if T > 1 => q32x::<R, T, 1>(rows, a, cols),
+                GgmlType::Q5_0 if T > 1 => q32x::<R, T, 2>(rows, a, cols),
+                GgmlType::Q8_0 if T > 1 => q32x::<R, T, 4>(rows, a, cols),
                 GgmlType::Q4_0 if R <= 4 => q32::<R, T, 0>(rows, a, cols),
                 GgmlType::Q4_1 if R <= 4 => q32::<R, T, 1>(rows, a, cols),
                 GgmlType::Q5_0 if R <= 4 => q32::<R, T, 2>(rows, a, cols),
