@@ -219,6 +219,7 @@ def run_one(kind: str, args, tmp: Path, convs, singles) -> tuple[dict, str]:
     if kind in ("okv", "okv-torch"):
         engine = "native" if kind == "okv" else "torch"
         extra = ["--max-batch-tokens", str(args.max_batch_tokens), "--kv-dtype", args.kv_dtype]
+        extra += ["--max-prefill-tokens", str(args.max_prefill_tokens)]
         proc = okv_server(args.model, engine, args.threads, cells, log, extra)
         flags = f"--engine {engine} --n-cells {cells} " + " ".join(extra)
     elif kind == "llama":
@@ -272,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--single", type=int, default=4, help="requests run one at a time")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-batch-tokens", type=int, default=512)
+    ap.add_argument("--max-prefill-tokens", type=int, default=128)
     ap.add_argument("--kv-dtype", default="float32")
     ap.add_argument("--quick", action="store_true", help="CI: 8 requests, native engine only")
     ap.add_argument("--json", default=None)

@@ -69,6 +69,47 @@ def test_a_step_carries_at_most_max_batch_tokens_and_every_decoder_gets_its_toke
     assert steps_with_long_prefill >= 5  # 60 tokens in chunks of at most 6 behind two decoders
 
 
+def test_prompt_tokens_are_bounded_while_requests_decode_and_arrivals_start_staggered():
+    """max_prefill_tokens 8 with max_batch_tokens 64: with no request decoding a step takes a
+    whole prompt; once requests decode, each step carries their tokens and at most 8 prompt
+    tokens, so three 6-token requests arriving together start on three different steps (not all
+    after one long step), and every output still matches generate."""
+    model = tiny()
+    gen = BatchGenerator(model, n_cells=512, max_batch_tokens=64, max_prefill_tokens=8)
+    first = gen.add(rand_tokens(40, 20), 12)
+    out = dict(gen.step())  # nothing decodes yet: the whole 40-token prompt in one step
+    assert first in out and gen.stats["forward_tokens"] == 40
+    prompts = [rand_tokens(6, 21 + i) for i in range(3)]
+    rids = [gen.add(p, 4) for p in prompts]
+    started: dict[int, int] = {}
+    outs: dict[int, list[int]] = {r: [] for r in rids}
+    budget = {first: 12, **{r: 4 for r in rids}}
+    emitted = {first: 1, **{r: 0 for r in rids}}
+    step = 0
+    while gen.has_work:
+        before = gen.stats["forward_tokens"]
+        # A request that emitted a token and is not done feeds one decode token this step.
+        decoding = sum(1 for r, n in emitted.items() if 0 < n < budget[r])
+        got = dict(gen.step())
+        prompt_tokens = gen.stats["forward_tokens"] - before - decoding
+        assert decoding and prompt_tokens <= 8, (step, prompt_tokens)
+        for r, tok in got.items():
+            emitted[r] += 1
+            if r in outs:
+                started.setdefault(r, step)
+                outs[r].append(tok)
+        step += 1
+    assert sorted(started.values()) == [0, 1, 2]  # one 6-token prompt a step
+    for r, p in zip(rids, prompts):
+        assert outs[r] == reference(model, p, 4)[0]
+    # Unbounded (the default), the three start on the same step.
+    gen = BatchGenerator(model, n_cells=512, max_batch_tokens=64)
+    gen.add(rand_tokens(40, 20), 12)
+    gen.step()
+    rids = [gen.add(p, 4) for p in prompts]
+    assert set(rids) <= set(dict(gen.step()))
+
+
 def test_decoding_requests_keep_their_token_while_a_long_prompt_is_prefilled():
     model = tiny()
     gen = BatchGenerator(model, n_cells=512, max_batch_tokens=10)
@@ -249,6 +290,17 @@ def test_bad_constructor_arguments():
     model = tiny()
     with pytest.raises(okv.InvalidArgumentError):
         BatchGenerator(model, n_cells=64, max_batch_tokens=0)
+    for bad in (0, -3, True, 1.5, "8"):
+        with pytest.raises(okv.InvalidArgumentError, match="max_prefill_tokens"):
+            BatchGenerator(model, n_cells=64, max_prefill_tokens=bad)
+    # Above max_batch_tokens it is max_batch_tokens; None is max_batch_tokens.
+    assert (
+        BatchGenerator(
+            model, n_cells=64, max_batch_tokens=8, max_prefill_tokens=99
+        )._sched.max_prefill_tokens
+        == 8
+    )
+    assert BatchGenerator(model, n_cells=64, max_batch_tokens=8)._sched.max_prefill_tokens == 8
     with pytest.raises(okv.CacheError):
         BatchGenerator(model, n_cells=0)
     torch.manual_seed(0)

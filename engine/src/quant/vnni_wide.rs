@@ -1,6 +1,8 @@
-//! AVX-512 VNNI dots of the 32-value block types (Q4_0, Q4_1, Q5_0, Q8_0)
-//! for several tokens at once: the batched steps (prefill, and the decode
-//! of many streams) that `vnni::q32` served one 256-bit block at a time.
+//! AVX-512 VNNI dots of the 32-value block types (Q4_0, Q4_1, Q5_0, Q8_0),
+//! `R` rows against `T` tokens: the matvec of one stream (`T` 1, `R` 4) and
+//! the batched steps (prefill, the decode of many streams; `T` 4, `R` 2) run
+//! the same per-(row, token) summation, so a token's result does not depend
+//! on the step it ran in.
 //!
 //! A 512-bit register holds two blocks, so one `vpdpbusd` does 64 products
 //! of a (row, token) pair and one FMA applies both blocks' scales: lanes

@@ -75,6 +75,9 @@ class BatchGenerator:
         store: a :class:`~offgraph_kv.store.PrefixStore` (bound to ``model`` here if it is not
             bound yet): admission loads the longest stored prefix no live sequence beats, and
             prefill saves each chunk as it passes the chunk's end.
+        max_prefill_tokens: most prompt tokens one step carries while requests decode (chunked
+            prefill: bounds what a long prompt adds to the running streams' step, and staggers
+            requests that arrive together); ``None``: ``max_batch_tokens``.
         host_cache_bytes: bytes of the host tier (:class:`~offgraph_kv.store.HostTier`) that
             keeps evicted cached sequences' chunks in process memory, deduplicated, for later
             prompts sharing their prefix (asked before ``store``); ``None`` or 0: off. A
@@ -95,9 +98,18 @@ class BatchGenerator:
         prefix_cache: bool = True,
         store: Any = None,
         host_cache_bytes: Any = None,
+        max_prefill_tokens: int | None = None,
     ):
         if isinstance(max_batch_tokens, bool) or int(max_batch_tokens) < 1:
             raise InvalidArgumentError(f"max_batch_tokens: expected >= 1, got {max_batch_tokens}")
+        if max_prefill_tokens is not None and (
+            isinstance(max_prefill_tokens, bool)
+            or not isinstance(max_prefill_tokens, int)
+            or max_prefill_tokens < 1
+        ):
+            raise InvalidArgumentError(
+                f"max_prefill_tokens: expected an int >= 1 or None, got {max_prefill_tokens!r}"
+            )
         self.model = model
         self.model_step: ModelStep = model_step(model)
         layers = self.model_step.layer_configs()
@@ -130,8 +142,17 @@ class BatchGenerator:
 
             self._store = GeneratorStore(store, model, self.kc)
         self.host_cache = _host_tier(host_cache_bytes, model)
+        self.max_prefill_tokens = min(
+            max_prefill_tokens or self.max_batch_tokens, self.max_batch_tokens
+        )
         self._sched = Scheduler(
-            self.kc, layers, self.max_batch_tokens, self.prefix_cache, self._store, self.host_cache
+            self.kc,
+            layers,
+            self.max_batch_tokens,
+            self.prefix_cache,
+            self._store,
+            self.host_cache,
+            max_prefill_tokens=self.max_prefill_tokens,
         )
         self.has_flat = self._sched.has_flat
         self.ring_depth = self._sched.ring_depth

@@ -6,7 +6,10 @@ A scheduling change lives here; the model's forward (:mod:`.model_step`) and sam
 * **The step.** At most ``max_batch_tokens`` tokens: first one token for every decoding
   request, then prompt chunks of requests already prefilling (oldest first; at most half a step
   each while a request that could start is waiting), then new requests (first come, first
-  served).
+  served). While any request decodes, the prompt tokens of a step are at most
+  ``max_prefill_tokens`` (chunked prefill): a long prompt then delays the running streams by a
+  bounded amount per step, and requests arriving together start a few steps apart instead of
+  all after one long step, which keeps their later arrivals apart too.
 * **Admission.** A request is admitted only when the free cells, minus what admitted requests
   may still write (prompt rest plus ``max_new_tokens - 1`` each), cover everything it may
   write: an admitted request always finishes. With nothing running, the first waiting request
@@ -63,6 +66,8 @@ class Scheduler:
             ``prefilled([(seq, prompt, before, after), ...])``), or ``None``.
         host: a host tier (``evicted(kc, seq, tokens)``, ``admit(kc, prompt, live)``), or
             ``None``.
+        max_prefill_tokens: most prompt tokens one step carries while a request decodes
+            (``None``: ``max_batch_tokens``).
     """
 
     def __init__(
@@ -73,8 +78,10 @@ class Scheduler:
         prefix_cache: bool = True,
         store: Any = None,
         host: Any = None,
+        max_prefill_tokens: int | None = None,
     ):
         self.kc = kc
+        self.max_prefill_tokens = max_prefill_tokens or max_batch_tokens
         self.host = host
         self.max_batch_tokens = max_batch_tokens
         self.prefix_cache = prefix_cache
@@ -117,12 +124,15 @@ class Scheduler:
         for req in decoders[:budget]:
             plan.append((req, 1))
         budget -= len(plan)
+        # While requests decode, the prompt tokens of the step are bounded (chunked prefill).
+        limit = self.max_prefill_tokens if plan else self.max_batch_tokens
+        budget = min(budget, limit)
         # While a request that could start now waits, a prefill takes at most half a step, so the
         # request starts within a step or two instead of after the whole prefill.
         starters = bool(prefill) and any(
             not self._worth_waiting(r, self._best_upto(r)) for r in self.waiting
         )
-        cap = max(1, self.max_batch_tokens // 2) if starters else budget
+        cap = max(1, limit // 2) if starters else budget
         for req in prefill:
             if budget == 0:
                 break

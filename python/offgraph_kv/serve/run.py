@@ -25,7 +25,8 @@ class ServeOptions:
     ``redis://`` / ``redis-cluster://`` URL of a prefix store shared by servers; ``threads`` the
     engine's threads (native: matmuls and attention; torch: torch's; ``None``: all);
     ``api_key`` the key /v1 and the token routes need (``protect_metrics``: /health and /metrics
-    too).
+    too); ``max_prefill_tokens`` the prompt tokens a step carries while requests generate
+    (``BatchGenerator``'s; ``None``: ``max_batch_tokens``).
     """
 
     model: str
@@ -36,6 +37,7 @@ class ServeOptions:
     n_cells: int = 16384
     n_seq_max: int = 256
     max_batch_tokens: int = 512
+    max_prefill_tokens: int | None = 128
     max_queue: int = 256
     store: str | None = None
     prefix_cache_bytes: int | None = None  # host tier bytes; None: 1/4 of MemAvailable, <= 8 GiB
@@ -77,6 +79,7 @@ def build(opts: ServeOptions) -> Any:
         n_cells=opts.n_cells,
         n_seq_max=opts.n_seq_max,
         max_batch_tokens=opts.max_batch_tokens,
+        max_prefill_tokens=opts.max_prefill_tokens,
         kv_dtype=opts.kv_dtype,
         **kw,
     )

@@ -242,6 +242,14 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="most tokens one step carries: decode tokens plus prefill chunks (default 512)",
     )
     p.add_argument(
+        "--max-prefill-tokens",
+        type=_positive,
+        default=128,
+        help="most prompt tokens a step carries while requests are generating (chunked "
+        "prefill: keeps the streams' inter-token gaps short and starts requests that arrive "
+        "together a few steps apart; default 128)",
+    )
+    p.add_argument(
         "--max-queue",
         type=_positive,
         default=256,

@@ -29,7 +29,9 @@ ASKS = [
 NEW = 12
 # A token chosen with low-precision pools may differ from the float32 pools' choice only where the
 # float32 logits of the two tokens were this close (a near-tie); everything before must be equal.
-NEAR_TIE = 0.5
+# Largest gap seen: 0.53 (Gemma 3, q8_0 pools, after the kernels' batched blocks went two a
+# register and the summation order changed which near-ties flip).
+NEAR_TIE = 0.75
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma"])

@@ -1,8 +1,8 @@
 """BatchGenerator(host_cache_bytes=...) on the native engine: a session whose cached sequence was
 evicted for room and restored from the host tier generates the same greedy tokens as one whose
-sequence was never evicted (Gemma 3 with a shared prefix longer than its 512-token window, so
-the ring layers' rows come back too); sessions sharing a prefix store it once; a tier of 0 bytes
-changes nothing."""
+sequence was never evicted, up to a near-tie (Gemma 3 with a shared prefix longer than its
+512-token window, so the ring layers' rows come back too); sessions sharing a prefix store it
+once; a tier of 0 bytes changes nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from offgraph_kv.store import HostTier
 
 NEW = 8
 STEP = 128
+NEAR_TIE = 0.5  # logit gap within which greedy may take either token (see the helper below)
 # (chunk tokens, chunks shared, prompt tokens, cells): cells too few for two sessions at once.
 SHAPES = {"smollm2": (64, 4, 300, 512), "gemma": (128, 5, 700, 1024)}
 
@@ -49,7 +50,23 @@ def test_a_restored_session_generates_what_a_never_evicted_one_does(engine):
     ref.generate([first], NEW)
     want = ref.generate([follow], 12)[0]
     assert ref.stats["prefix_tokens_reused"] == k * c and ref.stats["evictions"] == 0
-    assert got == want
+    _equal_up_to_a_near_tie(model, follow, want, got)
+
+
+def _equal_up_to_a_near_tie(model, prompt, want, got):
+    """The restored K/V are the saved rows bit for bit, but they sit in other cells than the
+    fork's: attention's summation order follows the cell layout, and the Q8 activation rounding
+    can turn that ~1e-7 into a different greedy pick where two tokens nearly tie (see
+    test_engine_batch). So: equal, or equal up to a first divergence where the reference's own
+    logits had the two tokens within NEAR_TIE."""
+    if got == want:
+        return
+    j = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    assert j is not None, (want, got)
+    logits = model.logits(prompt + want[:j])[-1]
+    gap = float(logits[want[j]] - logits[got[j]])
+    print(f"first divergence at token {j}, logit gap {gap:.4f}")
+    assert abs(gap) <= NEAR_TIE, (j, gap, want, got)
 
 
 def test_sessions_sharing_a_prefix_store_it_once(smollm2_engine):
