@@ -7,9 +7,10 @@ A scheduling change lives here; the model's forward (:mod:`.model_step`) and sam
   request, then prompt chunks of requests already prefilling (oldest first; at most half a step
   each while a request that could start is waiting), then new requests (first come, first
   served). While any request decodes, the prompt tokens of a step are at most
-  ``max_prefill_tokens`` (chunked prefill): a long prompt then delays the running streams by a
-  bounded amount per step, and requests arriving together start a few steps apart instead of
-  all after one long step, which keeps their later arrivals apart too.
+  ``max_prefill_tokens`` (chunked prefill), and so are new requests' while any runs (on an idle
+  cache the first takes the whole step): a long prompt then delays the running streams by a
+  bounded amount per step, and requests arriving together start steps apart instead of all
+  after one long step, which keeps their later arrivals apart too.
 * **Admission.** A request is admitted only when the free cells, minus what admitted requests
   may still write (prompt rest plus ``max_new_tokens - 1`` each), cover everything it may
   write: an admitted request always finishes. With nothing running, the first waiting request
@@ -139,13 +140,17 @@ class Scheduler:
             n = min(len(req.tokens) - req.fed, budget, cap)
             plan.append((req, n))
             budget -= n
-        while budget > 0 and self.waiting:
+        # New requests: with others running, at most max_prefill_tokens of prompt this step, so
+        # requests arriving together start a step apart; on an idle cache the first takes it all.
+        admit = budget if not self.running else min(budget, self.max_prefill_tokens)
+        while admit > 0 and self.waiting:
             req = self._admit_next()
             if req is None:
                 break
-            n = min(len(req.tokens) - req.fed, budget)
+            n = min(len(req.tokens) - req.fed, admit)
             plan.append((req, n))
             budget -= n
+            admit = min(admit - n, self.max_prefill_tokens)
         return plan
 
     def fed(self, plan: Plan) -> tuple[int, int]:
