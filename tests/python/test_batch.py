@@ -102,6 +102,15 @@ def test_prompt_tokens_are_bounded_while_requests_decode_and_arrivals_start_stag
     assert sorted(started.values()) == [0, 1, 2]  # one 6-token prompt a step
     for r, p in zip(rids, prompts):
         assert outs[r] == reference(model, p, 4)[0]
+    # Nothing decodes yet but a prompt is being prefilled: new requests still take at most 8.
+    gen = BatchGenerator(model, n_cells=512, max_batch_tokens=32, max_prefill_tokens=8)
+    gen.add(rand_tokens(40, 30), 4)
+    gen.step()  # idle: 32 of its 40 tokens
+    for i in range(3):
+        gen.add(rand_tokens(6, 31 + i), 4)
+    before = gen.stats["forward_tokens"]
+    gen.step()
+    assert gen.stats["forward_tokens"] - before == 8 + 8  # its last 8, then 8 of the new ones
     # Unbounded (the default), the three start on the same step.
     gen = BatchGenerator(model, n_cells=512, max_batch_tokens=64)
     gen.add(rand_tokens(40, 20), 12)
