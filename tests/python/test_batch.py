@@ -110,13 +110,51 @@ def test_prompt_tokens_are_bounded_while_requests_decode_and_arrivals_start_stag
         gen.add(rand_tokens(6, 31 + i), 4)
     before = gen.stats["forward_tokens"]
     gen.step()
-    assert gen.stats["forward_tokens"] - before == 8 + 8  # its last 8, then 8 of the new ones
+    # Its last 8, then one new 6-token prompt: a second one (6 tokens > 0 decode tokens) waits.
+    assert gen.stats["forward_tokens"] - before == 8 + 6
+    assert gen.stats["running"] == 2 and gen.stats["waiting"] == 2
     # Unbounded (the default), the three start on the same step.
     gen = BatchGenerator(model, n_cells=512, max_batch_tokens=64)
     gen.add(rand_tokens(40, 20), 12)
     gen.step()
     rids = [gen.add(p, 4) for p in prompts]
     assert set(rids) <= set(dict(gen.step()))
+
+
+def test_a_second_new_prompt_joins_a_step_only_when_no_longer_than_its_decode_tokens():
+    """With prefill bounded (max_prefill_tokens below max_batch_tokens), the first new request
+    of a step takes up to the bound, and a further one joins only when its prompt is at most the
+    step's decode tokens (here 4): a 3-token prompt rides along, a 10-token one waits a step
+    although the budget has room; unbounded, all three start together. Outputs match generate."""
+    model = tiny()
+    prompts = [rand_tokens(10, 50), rand_tokens(3, 51), rand_tokens(10, 52)]
+
+    def run(max_prefill_tokens):
+        gen = BatchGenerator(
+            model, n_cells=512, max_batch_tokens=64, max_prefill_tokens=max_prefill_tokens
+        )
+        for s in range(4):
+            gen.add(rand_tokens(5, 40 + s), 20)
+        while gen.stats["waiting"]:  # bounded, they start one a step: 5 tokens > decode tokens
+            gen.step()
+        assert gen.stats["running"] == 4
+        rids = [gen.add(p, 4) for p in prompts]
+        before = gen.stats["forward_tokens"]
+        first = dict(gen.step())
+        fed = gen.stats["forward_tokens"] - before
+        outs = {r: [first[r]] if r in first else [] for r in rids}
+        while gen.has_work:
+            for r, tok in gen.step():
+                if r in outs:
+                    outs[r].append(tok)
+        for r, p in zip(rids, prompts):
+            assert outs[r] == reference(model, p, 4)[0]
+        return fed, set(first) & set(rids), rids
+
+    fed, started, rids = run(32)
+    assert fed == 4 + 10 + 3 and started == {rids[0], rids[1]}
+    fed, started, rids = run(None)
+    assert fed == 4 + 10 + 3 + 10 and started == set(rids)
 
 
 def test_decoding_requests_keep_their_token_while_a_long_prompt_is_prefilled():

@@ -77,7 +77,9 @@ class BatchGenerator:
             prefill saves each chunk as it passes the chunk's end.
         max_prefill_tokens: most prompt tokens one step carries while requests decode (chunked
             prefill: bounds what a long prompt adds to the running streams' step, and staggers
-            requests that arrive together); ``None``: ``max_batch_tokens``.
+            requests that arrive together: below ``max_batch_tokens``, a step starts a second
+            new prompt only when it is no longer than the step's decode tokens);
+            ``None``: ``max_batch_tokens``.
         host_cache_bytes: bytes of the host tier (:class:`~offgraph_kv.store.HostTier`) that
             keeps evicted cached sequences' chunks in process memory, deduplicated, for later
             prompts sharing their prefix (asked before ``store``); ``None`` or 0: off. A

@@ -10,7 +10,12 @@ A scheduling change lives here; the model's forward (:mod:`.model_step`) and sam
   ``max_prefill_tokens`` (chunked prefill), and so are new requests' while any runs (on an idle
   cache the first takes the whole step): a long prompt then delays the running streams by a
   bounded amount per step, and requests arriving together start steps apart instead of all
-  after one long step, which keeps their later arrivals apart too.
+  after one long step, which keeps their later arrivals apart too. With that bound below
+  ``max_batch_tokens``, a step starts a second new request only when its prompt rest (beyond
+  the longest held prefix) is at most the step's decode tokens: every request in a step waits
+  for the whole step, so starting a prompt a step later costs it about one step's decode work
+  while starting it now costs each request already in the step its whole prefill; one prompt a
+  step gives the lower mean time to first token unless the prompt is that short.
 * **Admission.** A request is admitted only when the free cells, minus what admitted requests
   may still write (prompt rest plus ``max_new_tokens - 1`` each), cover everything it may
   write: an admitted request always finishes. With nothing running, the first waiting request
@@ -124,7 +129,8 @@ class Scheduler:
         prefill = [r for r in self.running if len(r.tokens) - r.fed > 1]
         for req in decoders[:budget]:
             plan.append((req, 1))
-        budget -= len(plan)
+        n_decode = len(plan)
+        budget -= n_decode
         # While requests decode, the prompt tokens of the step are bounded (chunked prefill).
         limit = self.max_prefill_tokens if plan else self.max_batch_tokens
         budget = min(budget, limit)
@@ -143,10 +149,13 @@ class Scheduler:
         # New requests: with others running, at most max_prefill_tokens of prompt this step, so
         # requests arriving together start a step apart; on an idle cache the first takes it all.
         admit = budget if not self.running else min(budget, self.max_prefill_tokens)
+        most = None  # the longest prompt rest a further new request may have this step
         while admit > 0 and self.waiting:
-            req = self._admit_next()
+            req = self._admit_next(most)
             if req is None:
                 break
+            if self.max_prefill_tokens < self.max_batch_tokens:
+                most = n_decode  # a second prompt waits unless shorter than the decode work
             n = min(len(req.tokens) - req.fed, admit)
             plan.append((req, n))
             budget -= n
@@ -212,12 +221,15 @@ class Scheduler:
     def _free_for_admission(self) -> int:
         return self.kc.free_cells - sum(self.cells_needed(r.outstanding) for r in self.running)
 
-    def _admit_next(self) -> Request | None:
-        """Admit the first waiting request that should start now, or ``None``."""
+    def _admit_next(self, most: int | None = None) -> Request | None:
+        """Admit the first waiting request that should start now, or ``None`` (also when its
+        prompt rest beyond the longest held prefix exceeds ``most``)."""
         for i, req in enumerate(self.waiting):
             upto = self._best_upto(req)
             if self._worth_waiting(req, upto):
                 continue
+            if most is not None and len(req.prompt) - upto > most:
+                return None  # first come, first served: it starts next step
             if not self._admit(req):
                 return None  # first come, first served: nothing behind it jumps the queue
             del self.waiting[i]

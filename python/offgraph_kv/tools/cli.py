@@ -247,7 +247,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default=128,
         help="most prompt tokens a step carries while requests are generating (chunked "
         "prefill: keeps the streams' inter-token gaps short and starts requests that arrive "
-        "together a few steps apart; default 128)",
+        "together one a step, unless a prompt is shorter than the step's decode tokens; "
+        "default 128)",
     )
     p.add_argument(
         "--max-queue",
