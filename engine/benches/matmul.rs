@@ -178,7 +178,7 @@ fn benches(c: &mut Criterion) {
             GgmlType::Q8_0,
             262_144,
             640,
-            &[16],
+            &[2, 3, 4, 16],
         ),
     ] {
         let data = weight(ty, rows, cols);

@@ -73,21 +73,26 @@ fn okv_run_prints_the_greedy_text_and_both_rates() {
     );
 }
 
-#[test]
-fn okv_run_chat_with_a_q8_0_cache_stops_at_the_turn_end() {
+/// `okv-run MODEL -p PROMPT -n 48 --chat --kv-dtype q8_0` plus `extra`:
+/// (stdout, stderr), after checking it exited 0.
+fn chat(extra: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_okv-run"))
         .arg(common::smollm2_gguf())
-        // A question the model answers briefly: at temperature 0.5 the open
-        // "What is the capital of France?" may ramble past the budget on a
-        // given seed, which says nothing about the stop.
         .args(["-p", "What is the capital of France? Answer in one word."])
-        .args(["-n", "48", "--chat"])
-        .args(["--kv-dtype", "q8_0", "--temp", "0.5", "--seed", "3"])
+        .args(["-n", "48", "--chat", "--kv-dtype", "q8_0"])
+        .args(extra)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
-    let text = String::from_utf8(out.stdout).unwrap();
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+#[test]
+fn okv_run_chat_with_a_q8_0_cache_stops_at_the_turn_end() {
+    // Greedy, so the stop is tested on one known path (a sampled answer may
+    // ramble past the budget on a given seed, which says nothing about it).
+    let (text, stderr) = chat(&["--temp", "0"]);
     println!("okv-run --chat: {text:?}\n{stderr}");
     // The chat markers are special tokens: never printed.
     assert!(
@@ -102,6 +107,26 @@ fn okv_run_chat_with_a_q8_0_cache_stops_at_the_turn_end() {
         .unwrap();
     // It stopped at <|im_end|> before the 48-token budget.
     assert!(decoded < 47, "{stderr}");
+    assert!(text.contains("Paris"), "{text}");
+}
+
+#[test]
+fn okv_run_sampling_is_seeded() {
+    // At temperature 0.5 a seed fixes the text; the markers stay unprinted.
+    let (a, _) = chat(&["--temp", "0.5", "--seed", "3"]);
+    let (b, _) = chat(&["--temp", "0.5", "--seed", "3"]);
+    assert_eq!(a, b);
+    assert!(
+        !a.contains("<|im_start|>") && !a.contains("<|im_end|>"),
+        "{a}"
+    );
+    let others: Vec<String> = (4..8)
+        .map(|s| chat(&["--temp", "0.5", "--seed", &s.to_string()]).0)
+        .collect();
+    assert!(
+        others.iter().any(|o| *o != a),
+        "five seeds, one text: {a:?}"
+    );
 }
 
 #[test]

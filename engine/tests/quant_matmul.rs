@@ -185,8 +185,9 @@ fn is_x86_feature_detected_vnni() -> bool {
 }
 
 /// The VNNI kernels compute the same integer dots as AVX2 with the same
-/// scales; only the f32 summation order differs (rows taken four at a time,
-/// offsets folded into the int32 start, batched blocks two a register).
+/// scales; only the f32 summation order differs (rows taken two at a time,
+/// offsets folded into the int32 start, blocks two a register, and batched
+/// calls of the 32-value types 16 rows a register: `vnni_lanes`).
 #[test]
 fn vnni_and_avx2_agree_closely() {
     if !is_x86_feature_detected_vnni() {
@@ -202,12 +203,14 @@ fn vnni_and_avx2_agree_closely() {
         return;
     }
     let mut checked = 0usize;
-    // 37 rows: groups of four plus a tail of one; n 1 takes the multi-row pass.
+    // 37 rows: two groups of 16 for the lanes kernels and a tail of 5 for
+    // the per-row ones (pairs and a single); n 1 takes the matvec pass; 2,
+    // 3, 5 and 29 tokens the lanes kernels' chunks of 16, 8, 4, 3, 2 and 1.
     for (rows, cols) in [(37usize, 768usize), (9, 256)] {
         for (i, ty) in ALL.into_iter().enumerate() {
             let data = weight(ty, rows, cols, 900 + i as u64);
             let w = QMatrix::new(ty, rows, cols, &data).unwrap();
-            for n in [1usize, 5] {
+            for n in [1usize, 2, 3, 5, 29] {
                 let x = input(n, cols, 13);
                 let (mut v, mut a) = (vec![0f32; n * rows], vec![0f32; n * rows]);
                 matmul_with_isa(QuantIsa::Avx512Vnni, &w, &x, n, &mut v, 1).unwrap();

@@ -2,8 +2,9 @@
 //! the block form GGML pairs with it, quantized once per call for all rows.
 //!
 //! - 32-value weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): Q8 blocks of 32 int8
-//!   with an f32 scale `d = max|x| / 127` and `s = d · Σq` (the block sum the
-//!   Q4_1/Q5_1 min term needs; Q8_1-style).
+//!   with an f32 scale `d = max|x| / 127`, `s = d · Σq` (the block sum the
+//!   Q4_1/Q5_1 min term needs; Q8_1-style) and Σq itself (what the lanes
+//!   kernels take off for their weights' unsigned offset).
 //! - K weights (Q4_K, Q5_K, Q6_K, Q8_K): Q8_K blocks of 256 int8, one f32
 //!   scale, and the 16 partial sums of 16 values each (the K mins need them).
 //! - Float weights (F32, F16, BF16): the f32 activations as given.
@@ -41,7 +42,7 @@ pub(super) struct ActBuf {
     d: Vec<f32>,
     /// Q8: `d · Σq` per 32-block.
     s: Vec<f32>,
-    /// Q8K: Σq per 16 values.
+    /// Q8K: Σq per 16 values; Q8: Σq per 32-block.
     bs: Vec<i16>,
     cols: usize,
     n: usize,
@@ -120,15 +121,19 @@ impl ActBuf {
                 grow(&mut self.qs, len);
                 grow(&mut self.d, len / 32);
                 grow(&mut self.s, len / 32);
+                grow(&mut self.bs, len / 32);
                 let it = x
                     .chunks_exact(32)
                     .zip(self.qs.chunks_exact_mut(32))
-                    .zip(self.d.iter_mut().zip(self.s.iter_mut()));
-                for ((xb, qb), (d, s)) in it {
+                    .zip(self.d.iter_mut().zip(self.s.iter_mut()))
+                    .zip(self.bs.iter_mut());
+                for (((xb, qb), (d, s)), bs) in it {
                     let mut sums = [0i32; 2];
                     let dd = block(xb, qb, &mut sums);
                     *d = dd;
                     *s = dd * (sums[0] + sums[1]) as f32;
+                    // |Σ| of 32 quants is at most 4064.
+                    *bs = (sums[0] + sums[1]) as i16;
                 }
             }
             ActKind::Q8K => {
@@ -172,6 +177,7 @@ impl ActBuf {
                 qs: self.qs.get(t * c..(t + 1) * c)?,
                 d: self.d.get(t * c / 32..(t + 1) * c / 32)?,
                 s: self.s.get(t * c / 32..(t + 1) * c / 32)?,
+                bs: self.bs.get(t * c / 32..(t + 1) * c / 32)?,
                 ..none
             },
             ActKind::Q8K => Act {

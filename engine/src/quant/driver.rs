@@ -6,7 +6,7 @@
 
 use super::act::{Act, ActBuf, ActKind};
 use super::isa::Path;
-use super::kernel::Kernel;
+use super::kernel::{Kernel, LANES};
 use super::portable;
 use super::QMatrix;
 use crate::error::{EngineError, Result};
@@ -20,6 +20,8 @@ const GROUP: usize = 8;
 pub(super) const TOK: usize = 4;
 /// Tokens per kernel call for the 32-value block types.
 const TOK_WIDE: usize = 8;
+/// Tokens per lanes-kernel call: 16 accumulators, 8 weight registers.
+const TOK_LANES: usize = 16;
 /// Activation bytes a token tile may take (L2 is 2 MiB a core here).
 const TILE_BYTES: usize = 512 * 1024;
 /// Weight bytes of a row block (half of L1d).
@@ -54,8 +56,9 @@ impl Out {
 /// Rows taken together by a matvec pass (single-token chunks): kernels that
 /// override [`Kernel::dots_rows`] then run this many FMA chains at once.
 /// Two, not four: a matvec streams its weight from memory, and two rows'
-/// interleaved reads keep closer to a plain stream (Gemma 3's output head
-/// 1.1-1.2x its read floor against 1.2-1.5x with four, prefetched alike).
+/// interleaved reads keep closer to a plain stream (measured on Gemma 3's
+/// output head before the lanes kernels took it: 1.1-1.2x its read floor
+/// against 1.2-1.5x with four).
 const ROWS: usize = 2;
 /// Rows taken together against a chunk of [`TOK`] tokens: each token's
 /// registers serve both rows, and the (row, token) accumulators fit.
@@ -76,6 +79,10 @@ struct Job<'a> {
     w: QMatrix<'a>,
     out: Out,
     row_bytes: usize,
+    /// Whether the call runs this weight's whole groups of [`LANES`] rows
+    /// by the lanes kernels; parts then split it at multiples of `LANES`,
+    /// so which kernel computes a row does not depend on the split.
+    lanes: bool,
     /// Where this weight's rows start in the call's byte space.
     off: u64,
 }
@@ -85,7 +92,13 @@ impl Job<'_> {
     fn row_at(&self, pos: u64) -> usize {
         let rb = self.row_bytes.max(1) as u64;
         let r = pos.saturating_sub(self.off).div_ceil(rb);
-        usize::try_from(r).unwrap_or(usize::MAX).min(self.w.rows)
+        let r = usize::try_from(r).unwrap_or(usize::MAX);
+        let r = if self.lanes {
+            r.div_ceil(LANES).saturating_mul(LANES)
+        } else {
+            r
+        };
+        r.min(self.w.rows)
     }
 }
 
@@ -184,6 +197,7 @@ fn run_filled(
                     len: o.len(),
                 },
                 row_bytes,
+                lanes: lanes_for(path, w.ty),
                 off: total,
             });
             total = total.saturating_add((row_bytes as u64).saturating_mul(w.rows as u64));
@@ -224,6 +238,18 @@ fn run_filled(
     Ok(())
 }
 
+/// Whether `path` takes `ty`'s whole groups of rows by the lanes kernels,
+/// for every token count (one summation order per row: a token's result
+/// does not depend on the step it ran in).
+fn lanes_for(path: Path, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Vnni {
+        return super::vnni_lanes::supports(ty);
+    }
+    let _ = (path, ty);
+    false
+}
+
 fn rows(path: Path, job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r1: usize) -> bool {
     match path {
         Path::Portable => compute::<Portable>(job, buf, x, n, r0, r1),
@@ -261,13 +287,19 @@ fn compute<K: Kernel>(job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r
         ActKind::Q8 => w.cols + w.cols / 8,
         ActKind::Q8K => w.cols + w.cols / 8 + w.cols / 64,
     };
-    let tile = (TILE_BYTES / per_token.max(1)).max(TOK_WIDE) / TOK_WIDE * TOK_WIDE;
+    let tile = (TILE_BYTES / per_token.max(1)).max(TOK_LANES) / TOK_LANES * TOK_LANES;
     // The 32-value types without mins take chunks of eight tokens: a row's
     // unpacked blocks and scales then serve twice the tokens (`vnni_wide`;
     // measured 10-12% faster). Q4_1's min accumulators spill at eight.
     let wide = matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0);
+    // Batched calls of a type with a lanes kernel take 16 rows at a time;
+    // the rows a block leaves over run the per-row kernels.
+    let lanes = job.lanes;
     // Rows of a block stay in L1 while each token chunk passes them.
-    let rblock = (ROW_BLOCK_BYTES / rb.max(1)).max(1);
+    let mut rblock = (ROW_BLOCK_BYTES / rb.max(1)).max(1);
+    if lanes {
+        rblock = rblock.div_ceil(LANES) * LANES;
+    }
     let mut ok = true;
     let mut t0 = 0;
     while t0 < n {
@@ -275,34 +307,118 @@ fn compute<K: Kernel>(job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r
         let mut b0 = r0;
         while b0 < r1 {
             let b1 = r1.min(b0.saturating_add(rblock));
+            // The block's whole groups of LANES rows, then the rest row by row.
+            let rest = if lanes {
+                lanes_rows::<K>(job, buf, x, (t0, t1), b0, b1, &mut ok)
+            } else {
+                b0
+            };
             let mut t = t0;
-            while t < t1 {
+            while t < t1 && rest < b1 {
                 if wide && t + TOK_WIDE <= t1 {
                     let views: [Option<Act>; TOK_WIDE] =
                         core::array::from_fn(|i| buf.token(x, t + i));
                     let Some(views) = all(views) else {
                         return false;
                     };
-                    ok &= rows_chunk::<K, TOK_WIDE>(job, &views, t, b0, b1);
+                    ok &= rows_chunk::<K, TOK_WIDE>(job, &views, t, rest, b1);
                     t += TOK_WIDE;
                 } else if t + TOK <= t1 {
                     let views: [Option<Act>; TOK] = core::array::from_fn(|i| buf.token(x, t + i));
                     let Some(views) = all(views) else {
                         return false;
                     };
-                    ok &= rows_chunk::<K, TOK>(job, &views, t, b0, b1);
+                    ok &= rows_chunk::<K, TOK>(job, &views, t, rest, b1);
                     t += TOK;
                 } else {
                     let Some(view) = buf.token(x, t) else {
                         return false;
                     };
-                    ok &= rows_chunk::<K, 1>(job, &[view], t, b0, b1);
+                    ok &= rows_chunk::<K, 1>(job, &[view], t, rest, b1);
                     t += 1;
                 }
             }
             b0 = b1;
         }
         t0 = t1;
+    }
+    ok
+}
+
+/// The whole groups of [`LANES`] rows from `b0` (up to `b1`) against the
+/// tokens `t0..t1` by the lanes kernels; returns the first row left over.
+#[inline(always)]
+fn lanes_rows<K: Kernel>(
+    job: &Job,
+    buf: &ActBuf,
+    x: &[f32],
+    (t0, t1): (usize, usize),
+    b0: usize,
+    b1: usize,
+    ok: &mut bool,
+) -> usize {
+    let end = b0 + (b1 - b0) / LANES * LANES;
+    if end == b0 {
+        return b0;
+    }
+    let mut t = t0;
+    while t < t1 {
+        let step = if t + TOK_LANES <= t1 {
+            *ok &= lanes_chunk::<K, TOK_LANES>(job, buf, x, t, b0, end);
+            TOK_LANES
+        } else if t + 8 <= t1 {
+            *ok &= lanes_chunk::<K, 8>(job, buf, x, t, b0, end);
+            8
+        } else if t + 4 <= t1 {
+            *ok &= lanes_chunk::<K, 4>(job, buf, x, t, b0, end);
+            4
+        } else {
+            // The last one to three tokens as one chunk: each chunk unpacks
+            // the rows' blocks again.
+            match t1 - t {
+                3 => *ok &= lanes_chunk::<K, 3>(job, buf, x, t, b0, end),
+                2 => *ok &= lanes_chunk::<K, 2>(job, buf, x, t, b0, end),
+                _ => *ok &= lanes_chunk::<K, 1>(job, buf, x, t, b0, end),
+            }
+            t1 - t
+        };
+        t += step;
+    }
+    end
+}
+
+/// Rows `b0..b1` (a multiple of [`LANES`]) against the `T` tokens from `t`
+/// by the kernel's lanes dots; false when a view or index was out of range.
+#[inline(always)]
+fn lanes_chunk<K: Kernel, const T: usize>(
+    job: &Job,
+    buf: &ActBuf,
+    x: &[f32],
+    t: usize,
+    b0: usize,
+    b1: usize,
+) -> bool {
+    let views: [Option<Act>; T] = core::array::from_fn(|i| buf.token(x, t + i));
+    let Some(views) = all(views) else {
+        return false;
+    };
+    let (w, rb) = (&job.w, job.row_bytes);
+    let mut ok = true;
+    let mut r = b0;
+    while r + LANES <= b1 {
+        let rows = r
+            .checked_mul(rb)
+            .and_then(|lo| w.data.get(lo..lo.checked_add(LANES * rb)?));
+        let Some(v) = rows.and_then(|rows| K::dots_lanes::<T>(w.ty, rows, rb, &views, w.cols))
+        else {
+            return false;
+        };
+        for (i, v) in v.iter().enumerate() {
+            for (j, &v) in v.iter().enumerate() {
+                ok &= job.out.put((t + i) * w.rows + r + j, v);
+            }
+        }
+        r += LANES;
     }
     ok
 }

@@ -4,6 +4,9 @@
 use super::act::Act;
 use crate::ggml_type::GgmlType;
 
+/// Rows a lanes kernel takes at once (one per int32 lane of 512 bits).
+pub(super) const LANES: usize = 16;
+
 /// One stored row against `T` tokens' activations.
 pub(super) trait Kernel {
     fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]>;
@@ -20,5 +23,20 @@ pub(super) trait Kernel {
             *o = Self::dots::<T>(ty, row, a)?;
         }
         Some(out)
+    }
+
+    /// `LANES` consecutive rows (`rows`: their bytes, `rb` a row) against
+    /// `T` tokens, `out[t][r]`, by a kernel with rows in the lanes (batched
+    /// steps; the driver asks only where `vnni_lanes::supports` the type);
+    /// `None` for a type without one or a bad length.
+    #[inline(always)]
+    fn dots_lanes<const T: usize>(
+        _ty: GgmlType,
+        _rows: &[u8],
+        _rb: usize,
+        _a: &[Act<'_>; T],
+        _cols: usize,
+    ) -> Option<[[f32; LANES]; T]> {
+        None
     }
 }

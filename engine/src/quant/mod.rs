@@ -40,6 +40,8 @@ mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod vnni_k;
 #[cfg(target_arch = "x86_64")]
+mod vnni_lanes;
+#[cfg(target_arch = "x86_64")]
 mod vnni_wide;
 
 pub use dequant::dequantize_row;

@@ -1,5 +1,6 @@
 //! The AVX-512 VNNI kernels: the 32-value block types in `vnni_wide` (two
-//! blocks a 512-bit register, for every token count), Q4_K and Q6_K in
+//! blocks a 512-bit register: a matvec, and the rows a batch leaves over)
+//! and `vnni_lanes` (16 rows a register: batched steps), Q4_K and Q6_K in
 //! `vnni_k`; Q5_1, Q5_K, Q8_K and the float types run the AVX2 kernels,
 //! compiled here with the wider feature set.
 //!
@@ -18,7 +19,7 @@
 
 use super::act::Act;
 use super::avx2::Avx2;
-use super::kernel::Kernel;
+use super::kernel::{Kernel, LANES};
 use super::simd::check;
 use super::vnni_wide::q32x;
 use crate::ggml_type::GgmlType;
@@ -27,6 +28,18 @@ use crate::ggml_type::GgmlType;
 pub(super) struct Vnni;
 
 impl Kernel for Vnni {
+    #[inline(always)]
+    fn dots_lanes<const T: usize>(
+        ty: GgmlType,
+        rows: &[u8],
+        rb: usize,
+        a: &[Act<'_>; T],
+        cols: usize,
+    ) -> Option<[[f32; LANES]; T]> {
+        // SAFETY: only reached from `driver::compute_vnni` (module docs).
+        unsafe { super::vnni_lanes::dots::<T>(ty, rows, rb, a, cols) }
+    }
+
     #[inline(always)]
     fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]> {
         let [v] = Self::dots_rows::<1, T>(ty, &[row], a)?;
@@ -48,9 +61,8 @@ impl Kernel for Vnni {
         // sums; the CPU has the module's features (module docs).
         unsafe {
             Some(match ty {
-                // Two blocks a register (`vnni_wide`), for every token count:
-                // one summation order, so a token's logits do not depend on
-                // whether it ran alone, in a chunk of four or in a tail.
+                // Two blocks a register (`vnni_wide`), for every token count
+                // this path takes (one summation order per row).
                 GgmlType::Q4_0 => q32x::<R, T, 0>(rows, a, cols),
                 GgmlType::Q4_1 => q32x::<R, T, 1>(rows, a, cols),
                 GgmlType::Q5_0 => q32x::<R, T, 2>(rows, a, cols),

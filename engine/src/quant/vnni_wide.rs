@@ -1,8 +1,8 @@
 //! AVX-512 VNNI dots of the 32-value block types (Q4_0, Q4_1, Q5_0, Q8_0),
-//! `R` rows against `T` tokens: the matvec of one stream (`T` 1, `R` 4) and
-//! the batched steps (prefill, the decode of many streams; `T` 4, `R` 2) run
-//! the same per-(row, token) summation, so a token's result does not depend
-//! on the step it ran in.
+//! `R` rows against `T` tokens, for the rows of a weight that do not fill a
+//! group of 16 (the rest run `vnni_lanes`): the same per-(row, token)
+//! summation for every `T`, so such a row's result does not depend on the
+//! step it ran in either.
 //!
 //! A 512-bit register holds two blocks, so one `vpdpbusd` does 64 products
 //! of a (row, token) pair and one FMA applies both blocks' scales: lanes
@@ -19,8 +19,6 @@
 
 use super::act::Act;
 use std::arch::x86_64::*;
-
-const PF_AHEAD: usize = 2048;
 
 /// The f16 scales at `p` and `q` as f32 lanes 0 and 1.
 #[inline(always)]
@@ -146,23 +144,9 @@ pub(super) unsafe fn q32x<const R: usize, const T: usize, const K: u8>(
         // Q4_1: the rows' mins times the tokens' block sums, lanes 0 and 1.
         let mut mins = [[_mm_setzero_ps(); T]; R];
         let base: [*const u8; R] = core::array::from_fn(|r| rows.get_unchecked(r).as_ptr());
-        // A pass reads two blocks of each row; the driver's rows are
-        // contiguous, so the passes walk the bytes from `base[0]` in order.
-        let pass_bytes = 2 * bb * R;
         let mut b = 0;
         while b < blocks {
             let two = b + 1 < blocks;
-            if T == 1 {
-                // A matvec streams the weight from memory once: every line
-                // PF_AHEAD bytes on in that walk, once (the rows' interleaved
-                // reads defeat the hardware prefetcher; measured 1.2-2x).
-                let ahead = base[0].wrapping_add(PF_AHEAD + b / 2 * pass_bytes);
-                let mut l = 0;
-                while l < pass_bytes {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
-                    l += 64;
-                }
-            }
             let ys: [__m512i; T] = core::array::from_fn(|t| {
                 let y = a.get_unchecked(t).qs.as_ptr().add(b * 32);
                 if two {
@@ -183,10 +167,8 @@ pub(super) unsafe fn q32x<const R: usize, const T: usize, const K: u8>(
             let da: [__m512; T] = core::array::from_fn(|t| spread(*da2.get_unchecked(t)));
             for r in 0..R {
                 let p = base.get_unchecked(r).add(b * bb);
-                if T > 1 {
-                    // Ahead into this row: a batch's first chunk streams it.
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(8 * bb).cast());
-                }
+                // Ahead into this row: the pass streams the rows' blocks.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(8 * bb).cast());
                 let u = pair::<K>(p, bb, two);
                 let q = if two { p.add(bb) } else { p };
                 let dw2 = scales2(p, q);
