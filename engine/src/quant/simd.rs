@@ -10,6 +10,29 @@ use super::act::Act;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
+/// Bytes of a block of the 32-value type coded `k` as the VNNI kernels code
+/// them (`vnni_wide`, `vnni_lanes`): 0 Q4_0, 1 Q4_1, 2 Q5_0, 4 Q8_0.
+pub(super) const fn q32_block_bytes(k: u8) -> usize {
+    match k {
+        0 => 18,
+        1 => 20,
+        2 => 22,
+        _ => 34,
+    }
+}
+
+/// What makes the weights of type `k` (as [`q32_block_bytes`]) unsigned
+/// bytes: `q + o` (Q4_0 8, Q5_0 16, Q8_0 128 by flipping the sign bit;
+/// Q4_1's are unsigned).
+pub(super) const fn q32_offset(k: u8) -> i32 {
+    match k {
+        0 => 8,
+        1 => 0,
+        2 => 16,
+        _ => 128,
+    }
+}
+
 /// The one bounds check the kernels rely on.
 pub(super) fn check<const T: usize>(
     ty: GgmlType,

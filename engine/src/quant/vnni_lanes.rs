@@ -23,6 +23,7 @@
 
 use super::act::Act;
 use super::kernel::LANES;
+use super::simd::{q32_block_bytes, q32_offset};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -268,18 +269,7 @@ unsafe fn lanes<const T: usize, const K: u8>(
     a: &[Act<'_>; T],
     blocks: usize,
 ) -> [[f32; LANES]; T] {
-    let bb = match K {
-        0 => 18,
-        1 => 20,
-        2 => 22,
-        _ => 34,
-    };
-    let off: i32 = match K {
-        0 => 8,
-        1 => 0,
-        2 => 16,
-        _ => 128,
-    };
+    let (bb, off) = (q32_block_bytes(K), q32_offset(K));
     // SAFETY (whole fn): `dots` checked the 16 rows' blocks and the tokens'
     // quants, scales and sums; block `b` of row `r` is at `r * rb + b * bb`.
     unsafe {

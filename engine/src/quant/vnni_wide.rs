@@ -18,6 +18,7 @@
 //! avx512f/bw/vl and avx512vnni) through `vnni::Vnni::dots_rows`.
 
 use super::act::Act;
+use super::simd::{q32_block_bytes, q32_offset};
 use std::arch::x86_64::*;
 
 /// The f16 scales at `p` and `q` as f32 lanes 0 and 1.
@@ -121,19 +122,10 @@ pub(super) unsafe fn q32x<const R: usize, const T: usize, const K: u8>(
     a: &[Act<'_>; T],
     cols: usize,
 ) -> [[f32; T]; R] {
-    let bb = match K {
-        0 => 18,
-        1 => 20,
-        2 => 22,
-        _ => 34,
-    };
-    // The unsigned offset of signed weights (`vnni`'s module docs).
-    let off: i8 = match K {
-        0 => 8,
-        1 => 0,
-        2 => 16,
-        _ => -128,
-    };
+    let bb = q32_block_bytes(K);
+    // The unsigned offset of signed weights (`vnni`'s module docs), as a
+    // byte (Q8_0's 128 is -128).
+    let off = q32_offset(K) as u8 as i8;
     let blocks = cols / 32;
     // SAFETY (whole fn): block `b` of each row is at `b * bb`; each token
     // has `cols` quants and `blocks` scales and sums (the caller's contract).
