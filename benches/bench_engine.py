@@ -13,7 +13,10 @@ llama-cpp-python 0.3.36 sdist (about 15 minutes on 2 cores; cmake from Debian):
     cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
     cmake --build build -j 2 --target llama-bench llama-server
 
-and pass `--llama-bench .../build/bin/llama-bench`. Without it only the engine's side runs.
+and pass `--llama-bench .../build/bin/llama-bench`. Without it only the engine's side runs. On a
+VM that reports AMX but faults on its tiles (seen on an Intel Xeon: SIGILL in
+`tinygemm_kernel_amx`), configure with `-DGGML_NATIVE=OFF` and the AVX2/AVX-512/VNNI options on
+instead.
 
     python benches/bench_engine.py --llama-bench PATH [--rounds 2] [--quick]
 """
