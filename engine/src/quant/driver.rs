@@ -55,11 +55,7 @@ impl Out {
 
 /// Rows taken together by a matvec pass (single-token chunks): kernels that
 /// override [`Kernel::dots_rows`] then run this many FMA chains at once.
-/// Two, not four: a matvec streams its weight from memory, and two rows'
-/// interleaved reads keep closer to a plain stream (measured on Gemma 3's
-/// output head before the lanes kernels took it: 1.1-1.2x its read floor
-/// against 1.2-1.5x with four).
-const ROWS: usize = 2;
+const ROWS: usize = 4;
 /// Rows taken together against a chunk of [`TOK`] tokens: each token's
 /// registers serve both rows, and the (row, token) accumulators fit.
 const ROWS_BATCHED: usize = 2;
@@ -292,8 +288,8 @@ fn compute<K: Kernel>(job: &Job, buf: &ActBuf, x: &[f32], n: usize, r0: usize, r
     // unpacked blocks and scales then serve twice the tokens (`vnni_wide`;
     // measured 10-12% faster). Q4_1's min accumulators spill at eight.
     let wide = matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0);
-    // Batched calls of a type with a lanes kernel take 16 rows at a time;
-    // the rows a block leaves over run the per-row kernels.
+    // A type with a lanes kernel runs its whole groups of 16 rows by it, for
+    // every token count; the rows a block leaves over run the per-row ones.
     let lanes = job.lanes;
     // Rows of a block stay in L1 while each token chunk passes them.
     let mut rblock = (ROW_BLOCK_BYTES / rb.max(1)).max(1);
