@@ -48,12 +48,15 @@ impl Model {
     /// llama / gemma3, `Model` for a missing or mistyped key or tensor or a
     /// tensor of the wrong shape.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
-        let file = GgufFile::open(path)?;
+        let mut file = GgufFile::open(path)?;
         let arch = Arch::parse(file.architecture()?)?;
         let vocab = Weights::vocab_of(&file)?;
-        let cfg = ModelConfig::from_metadata(arch, file.metadata(), vocab)?;
+        // The model reads its metadata once, here; the rest of its life it needs only tensors.
+        let meta = file.take_metadata();
+        let cfg = ModelConfig::from_metadata(arch, &meta, vocab)?;
         let weights = Weights::load(&file, &cfg)?;
-        let tokenizer = Tokenizer::from_metadata(file.metadata())?;
+        let tokenizer = Tokenizer::from_metadata(&meta)?;
+        drop(meta);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Model {
             file,

@@ -4,6 +4,7 @@
 
 use super::bpe::merge_word;
 use super::pretokenize::Gpt2Split;
+use super::vocab::Vocab;
 use crate::error::{EngineError, Result};
 use std::collections::HashMap;
 
@@ -59,14 +60,14 @@ pub(crate) struct ByteLevel {
 impl ByteLevel {
     /// `merges` are `"left right"` strings over the spelled vocabulary `vocab`.
     pub(crate) fn new(
-        vocab: &HashMap<String, u32>,
+        vocab: &Vocab,
         merges: &[&str],
         alphabet: HashMap<char, u8>,
         table: &[char; 256],
     ) -> Result<ByteLevel> {
         let mut byte_ids = [None; 256];
         for (slot, c) in byte_ids.iter_mut().zip(table.iter()) {
-            *slot = vocab.get(c.to_string().as_str()).copied();
+            *slot = vocab.get(c.encode_utf8(&mut [0; 4]));
         }
         let mut map = HashMap::with_capacity(merges.len());
         let mut joined = String::new();
@@ -81,7 +82,6 @@ impl ByteLevel {
             let id = |p: &str| {
                 vocab
                     .get(p)
-                    .copied()
                     .ok_or_else(|| bad(&format!("{p:?} is not a token")))
             };
             joined.clear();

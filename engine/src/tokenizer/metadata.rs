@@ -4,6 +4,7 @@
 use super::added::AddedTokens;
 use super::byte_level::{self, ByteLevel};
 use super::sentencepiece::{self, SentencePiece};
+use super::vocab::Vocab;
 use super::{Model, Tokenizer};
 use crate::error::{EngineError, Result};
 use crate::gguf::{Metadata, Value};
@@ -157,17 +158,19 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
 
     let table = byte_level::byte_to_char();
     let alphabet: HashMap<char, u8> = table.iter().zip(0u8..=255).map(|(&c, b)| (c, b)).collect();
-    let pieces: Vec<String> = match kind {
-        "gpt2" => stored
-            .iter()
-            .map(|t| byte_level::spell(t, &alphabet, &table))
-            .collect(),
-        _ => stored.iter().map(|t| sentencepiece::respell(t)).collect(),
+    let spelled: Box<dyn Iterator<Item = String>> = match kind {
+        "gpt2" => Box::new(
+            stored
+                .iter()
+                .map(|t| byte_level::spell(t, &alphabet, &table)),
+        ),
+        _ => Box::new(stored.iter().map(|t| sentencepiece::respell(t))),
     };
-    let mut vocab = HashMap::with_capacity(n);
-    for (id, p) in (0u32..).zip(&pieces) {
-        vocab.insert(p.clone(), id);
-    }
+    let vocab = Vocab::new(spelled).ok_or_else(|| {
+        EngineError::Model(format!(
+            "metadata {TOKENS:?}: more token text than 32-bit offsets address"
+        ))
+    })?;
 
     // Added tokens, in the order the reference adds them: the named special
     // tokens, then control tokens (special), then user-defined ones (not special).
@@ -175,19 +178,19 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
     let mut added = AddedTokens::new();
     let mut added_text = HashMap::new();
     let mut add = |text: &str, own: u32, is_special: bool| {
-        let id = vocab.get(text).copied().unwrap_or(own);
+        let id = vocab.get(text).unwrap_or(own);
         added.insert(text, id);
         if let Some(s) = special.get_mut(id as usize) {
             *s |= is_special;
         }
-        if pieces.get(id as usize).is_some_and(|p| p != text) {
+        if vocab.piece(id).is_some_and(|p| p != text) {
             added_text.entry(id).or_insert_with(|| text.to_string());
         }
     };
     let mut named: Vec<u32> = [bos, eos, unk, pad].into_iter().flatten().collect();
     if kind == "llama" {
         // Gemma's tokenizer class names "<mask>" as its mask token.
-        named.extend(vocab.get("<mask>").copied());
+        named.extend(vocab.get("<mask>"));
     }
     for id in named {
         if let Some(t) = stored.get(id as usize) {
@@ -204,7 +207,7 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
         }
     }
     for (id, t) in (0u32..).zip(&stored) {
-        if type_of(id as usize) == Some(USER_DEFINED) && vocab.contains_key(*t) {
+        if type_of(id as usize) == Some(USER_DEFINED) && vocab.contains(t) {
             add(t, id, false);
         }
     }
@@ -219,7 +222,6 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
     Ok(Tokenizer {
         model,
         kind,
-        pieces,
         vocab,
         added,
         added_text,

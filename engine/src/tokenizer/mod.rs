@@ -12,6 +12,7 @@ mod byte_level;
 mod metadata;
 mod pretokenize;
 mod sentencepiece;
+mod vocab;
 
 use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
@@ -20,6 +21,7 @@ use byte_level::ByteLevel;
 use sentencepiece::SentencePiece;
 use std::collections::HashMap;
 use std::fmt;
+use vocab::Vocab;
 
 enum Model {
     ByteLevel(ByteLevel),
@@ -30,10 +32,9 @@ enum Model {
 pub struct Tokenizer {
     model: Model,
     kind: &'static str,
-    /// Each id's spelling inside the model (byte alphabet, or `▁` for spaces).
-    pieces: Vec<String>,
-    /// Spelling → id; on a repeated spelling the last id wins, as in the reference.
-    vocab: HashMap<String, u32>,
+    /// Each id's spelling inside the model (byte alphabet, or `▁` for spaces),
+    /// and spelling → id (on a repeated spelling the last id wins, as in the reference).
+    vocab: Vocab,
     added: AddedTokens,
     /// Added tokens whose text differs from their model spelling.
     added_text: HashMap<u32, String>,
@@ -49,7 +50,7 @@ impl fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tokenizer")
             .field("kind", &self.kind)
-            .field("vocab_size", &self.pieces.len())
+            .field("vocab_size", &self.vocab.len())
             .field("added", &self.added.len())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
@@ -80,7 +81,7 @@ impl Tokenizer {
             Part::Token(id) => out.push(id),
             Part::Text(t) => match &self.model {
                 Model::ByteLevel(m) => m.encode(t, &mut out),
-                Model::SentencePiece(m) => m.encode(t, &self.vocab, &self.pieces, &mut out),
+                Model::SentencePiece(m) => m.encode(t, &self.vocab, &mut out),
             },
         });
         if add_special && self.add_eos {
@@ -95,7 +96,7 @@ impl Tokenizer {
         if let Some((at, &id)) = ids
             .iter()
             .enumerate()
-            .find(|&(_, &id)| id as usize >= self.pieces.len())
+            .find(|&(_, &id)| id as usize >= self.vocab.len())
         {
             return Err(self.out_of_range(id, Some(at)));
         }
@@ -127,7 +128,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.pieces.len()
+        self.vocab.len()
     }
 
     pub fn bos(&self) -> Option<u32> {
@@ -140,7 +141,7 @@ impl Tokenizer {
 
     /// The id of a token as the file spells it, e.g. `"<end_of_turn>"`.
     pub fn token_id(&self, piece: &str) -> Option<u32> {
-        if let Some(&id) = self.vocab.get(piece) {
+        if let Some(id) = self.vocab.get(piece) {
             return Some(id);
         }
         if let Some((&id, _)) = self.added_text.iter().find(|(_, t)| t.as_str() == piece) {
@@ -152,7 +153,7 @@ impl Tokenizer {
             }
             Model::SentencePiece(_) => sentencepiece::respell(piece),
         };
-        self.vocab.get(&spelled).copied()
+        self.vocab.get(&spelled)
     }
 
     /// Whether `id` is a special token (left out by `decode(.., true)`).
@@ -179,7 +180,7 @@ impl Tokenizer {
     fn text_of(&self, id: u32) -> Option<&str> {
         match self.added_text.get(&id) {
             Some(t) => Some(t),
-            None => self.pieces.get(id as usize).map(String::as_str),
+            None => self.vocab.piece(id),
         }
     }
 
@@ -187,7 +188,7 @@ impl Tokenizer {
         let at = at.map(|i| format!(" at index {i}")).unwrap_or_default();
         EngineError::InvalidArgument(format!(
             "token id {id}{at} is not below the vocabulary size {}",
-            self.pieces.len()
+            self.vocab.len()
         ))
     }
 }

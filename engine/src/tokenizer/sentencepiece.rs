@@ -7,7 +7,7 @@
 //! part, the order the reference tokenizer derives from the same vocabulary.
 
 use super::bpe::merge_word;
-use std::collections::HashMap;
+use super::vocab::Vocab;
 
 /// The meta space that stands for ' ' inside tokens.
 pub(crate) const META: char = '\u{2581}';
@@ -45,28 +45,22 @@ pub(crate) struct SentencePiece {
 }
 
 impl SentencePiece {
-    pub(crate) fn new(vocab: &HashMap<String, u32>, unk: Option<u32>) -> SentencePiece {
+    pub(crate) fn new(vocab: &Vocab, unk: Option<u32>) -> SentencePiece {
         let mut byte_ids = [None; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
-            *slot = vocab.get(format!("<0x{b:02X}>").as_str()).copied();
+            *slot = vocab.get(format!("<0x{b:02X}>").as_str());
         }
         SentencePiece { byte_ids, unk }
     }
 
     /// Appends the ids of `text` (no added tokens in it) to `out`.
-    pub(crate) fn encode(
-        &self,
-        text: &str,
-        vocab: &HashMap<String, u32>,
-        pieces: &[String],
-        out: &mut Vec<u32>,
-    ) {
+    pub(crate) fn encode(&self, text: &str, vocab: &Vocab, out: &mut Vec<u32>) {
         let mut word: Vec<u32> = Vec::with_capacity(text.len());
         let mut buf = [0u8; 4];
         let mut last_unk = false;
         for c in text.chars() {
             let c = if c == ' ' { META } else { c };
-            if let Some(&id) = vocab.get(&*c.encode_utf8(&mut buf)) {
+            if let Some(id) = vocab.get(c.encode_utf8(&mut buf)) {
                 word.push(id);
                 last_unk = false;
                 continue;
@@ -92,11 +86,11 @@ impl SentencePiece {
         // One buffer per call builds each pair's concatenation without allocating per look-up.
         let mut scratch = String::new();
         let mut merge = |a: u32, b: u32| {
-            let (pa, pb) = (pieces.get(a as usize)?, pieces.get(b as usize)?);
+            let (pa, pb) = (vocab.piece(a)?, vocab.piece(b)?);
             scratch.clear();
             scratch.push_str(pa);
             scratch.push_str(pb);
-            let id = *vocab.get(scratch.as_str())?;
+            let id = vocab.get(scratch.as_str())?;
             let left = u32::try_from(pa.len()).unwrap_or(u32::MAX);
             Some((u64::from(id) << 32 | u64::from(u32::MAX - left), id))
         };
