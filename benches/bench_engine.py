@@ -18,7 +18,10 @@ VM that reports AMX but faults on its tiles (seen on an Intel Xeon: SIGILL in
 `tinygemm_kernel_amx`), configure with `-DGGML_NATIVE=OFF` and the AVX2/AVX-512/VNNI options on
 instead.
 
-    python benches/bench_engine.py --llama-bench PATH [--rounds 2] [--quick]
+    python benches/bench_engine.py --llama-bench PATH [--rounds 2] [--kv-dtype float16] [--quick]
+
+Both programs keep K and V in the same type (`--kv-dtype`, passed to llama-bench as `-ctk`/`-ctv`;
+llama-bench has no float32 cache, so with `--kv-dtype float32` it keeps its f16).
 """
 
 from __future__ import annotations
@@ -67,9 +70,14 @@ def run_rss(cmd: list[str]) -> tuple[str, int]:
     return out.decode(), usage.ru_maxrss
 
 
-def llama_rates(exe, model, threads, depth, pp, tg, reps) -> tuple[dict[str, list[float]], int]:
+# llama-bench's name for each KV type; it has no f32 cache, so float32 leaves it at its f16 default.
+LLAMA_KV = {"float32": "f16", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}
+
+
+def llama_rates(exe, model, threads, depth, pp, tg, reps, kv) -> tuple[dict[str, list[float]], int]:
     cmd = [exe, "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg)]
     cmd += ["-d", str(depth), "-r", str(reps), "-o", "json"]
+    cmd += ["-ctk", LLAMA_KV[kv], "-ctv", LLAMA_KV[kv]]
     out, rss = run_rss(cmd)
     rates: dict[str, list[float]] = {}
     for row in json.loads(out):
@@ -78,9 +86,11 @@ def llama_rates(exe, model, threads, depth, pp, tg, reps) -> tuple[dict[str, lis
     return rates, rss
 
 
-def okv_rates(exe, model, threads, depth, pp, tg, reps) -> tuple[dict[str, list[float]], int, dict]:
+def okv_rates(
+    exe, model, threads, depth, pp, tg, reps, kv
+) -> tuple[dict[str, list[float]], int, dict]:
     cmd = [exe, model, "--threads", str(threads), "--depth", str(depth)]
-    cmd += ["--pp", str(pp), "--tg", str(tg), "--reps", str(reps)]
+    cmd += ["--pp", str(pp), "--tg", str(tg), "--reps", str(reps), "--kv-dtype", kv]
     out, rss = run_rss(cmd)
     rates: dict[str, list[float]] = {}
     extra: dict = {}
@@ -103,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="smollm2-135m,gemma-3-270m")
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument(
+        "--kv-dtype",
+        default="float16",
+        choices=sorted(LLAMA_KV),
+        help="KV type of both programs (default float16, llama-bench's own; it has no float32)",
+    )
     ap.add_argument("--quick", action="store_true", help="depth 0 only, 1 round, 2 reps")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args(argv)
@@ -122,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
                 theirs: dict[str, list[float]] = {}
                 for _ in range(a.rounds):
                     if a.llama_bench:
-                        r, rss = llama_rates(a.llama_bench, model, t, d, a.pp, a.tg, a.reps)
+                        r, rss = llama_rates(
+                            a.llama_bench, model, t, d, a.pp, a.tg, a.reps, a.kv_dtype
+                        )
                         for k, v in r.items():
                             theirs.setdefault(k, []).extend(v)
                         key = (name, "llama.cpp", d)
                         mem[key] = (max(rss, mem.get(key, (0, 0))[0]), 0)
-                    r, rss, extra = okv_rates(exe, model, t, d, a.pp, a.tg, a.reps)
+                    r, rss, extra = okv_rates(exe, model, t, d, a.pp, a.tg, a.reps, a.kv_dtype)
                     for k, v in r.items():
                         ours.setdefault(k, []).extend(v)
                     key = (name, "offgraph-kv", d)
@@ -159,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {prog} | {d} | {rss / 1024:.1f} | {size:.1f} | {pools_s} | {rest} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "memory": [[*k, *v] for k, v in mem.items()]}, f)
+            memory = [[*k, *v] for k, v in mem.items()]
+            json.dump({"kv_dtype": a.kv_dtype, "rows": rows, "memory": memory}, f)
     return 0
 
 
