@@ -158,15 +158,15 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
 
     let table = byte_level::byte_to_char();
     let alphabet: HashMap<char, u8> = table.iter().zip(0u8..=255).map(|(&c, b)| (c, b)).collect();
-    let spelled: Box<dyn Iterator<Item = String>> = match kind {
-        "gpt2" => Box::new(
+    let vocab = match kind {
+        "gpt2" => Vocab::new(
             stored
                 .iter()
                 .map(|t| byte_level::spell(t, &alphabet, &table)),
         ),
-        _ => Box::new(stored.iter().map(|t| sentencepiece::respell(t))),
+        _ => Vocab::new(stored.iter().map(|t| sentencepiece::respell(t))),
     };
-    let vocab = Vocab::new(spelled).ok_or_else(|| {
+    let vocab = vocab.ok_or_else(|| {
         EngineError::Model(format!(
             "metadata {TOKENS:?}: more token text than 32-bit offsets address"
         ))
