@@ -205,6 +205,9 @@ def test_api_key_accepted_and_refused(servers):
     for name in ("gemma-3-270m", "smollm2-135m"):
         server = servers(name)
         assert [m.id for m in server.client().models.list().data] == [name]
+        # A refused request reaches neither the generator nor the counters.
+        counters = ("offgraph_kv_prompt_tokens_total", "offgraph_kv_generated_tokens_total")
+        before = (settled_health(server), [server.metric(c) for c in counters])
         for bad in ("wrong", KEY + "x", KEY[:-1]):
             wrong = server.client(api_key=bad)
             with pytest.raises(openai.AuthenticationError) as e:
@@ -222,6 +225,7 @@ def test_api_key_accepted_and_refused(servers):
         for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
             status, _, err = server.post(path, body, key="")
             assert status == 401 and err["error"]["code"] == "invalid_api_key", (path, err)
+        assert (settled_health(server), [server.metric(c) for c in counters]) == before
         # /health and /metrics: open, unless --protect-metrics (the SmolLM2 server).
         import urllib.error
         import urllib.request
