@@ -14,7 +14,7 @@ import argparse
 import time
 
 import numpy as np
-from offgraph_kv.engine import GgufModel
+from offgraph_kv.gguf_model import GgufModel
 from offgraph_kv.hf import BatchGenerator
 from offgraph_kv.store import HostTier
 

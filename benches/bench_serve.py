@@ -71,7 +71,7 @@ NAMES = {
 
 def tokenizer(model: str):
     """The GGUF's own tokenizer (the native engine's), to size the workload's texts."""
-    from offgraph_kv.engine import GgufModel
+    from offgraph_kv.gguf_model import GgufModel
 
     return GgufModel(gguf_path(model), threads=1).tokenizer
 

@@ -7,7 +7,7 @@ implementations exist:
   layers writing into the cache through a ``past_key_values`` and its attention switched to
   the cell kernel for the forward;
 * :class:`CellsModel`: any model object that already has ``forward_cells`` (the native engine's
-  ``offgraph_kv.engine.GgufModel``), checked once at construction and at each step's output.
+  ``offgraph_kv.gguf_model.GgufModel``), checked once at construction and at each step's output.
 
 :func:`model_step` picks one for a model object (``BatchGenerator`` calls it).
 """

@@ -3,7 +3,7 @@
 prometheus-client).
 
 * :mod:`.protocol`: OpenAI's request models, error bodies, responses and stream chunks;
-* :mod:`.engine`: the thread that steps the generator, admission control, cancellation;
+* :mod:`.worker`: the thread that steps the generator, admission control, cancellation;
 * :mod:`.app`: the FastAPI app (endpoints, streaming, stop strings);
 * :mod:`.metrics`: the Prometheus metrics;
 * :mod:`.loading`: what MODEL names, which engine runs it (native for a ``.gguf`` and the known

@@ -1,5 +1,5 @@
 """The HTTP app: OpenAI's completions and chat completions (whole or streamed), models, health
-and metrics, over an :class:`~offgraph_kv.serve.engine.Engine`; ``/tokenize`` and
+and metrics, over a :class:`~offgraph_kv.serve.worker.RequestWorker`; ``/tokenize`` and
 ``/detokenize`` (:mod:`.tokenize`); an API key where one is set (:mod:`.auth`). The tokenizer
 is seen through :mod:`.tokens`' face, the same for both engines."""
 
@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .._errors import InvalidArgumentError
 from . import protocol as P
 from .auth import ApiKeyMiddleware
-from .engine import Engine, Job
+from .worker import Job, RequestWorker
 from .tokenize import add_token_routes
 from .tokens import tokens_for
 
@@ -140,10 +140,10 @@ def token_text(tok: Any, token_id: int) -> str:
 
 
 class Server:
-    """The app's state: the engine, the tokenizer, the served name."""
+    """The app's state: the request worker, the tokenizer, the served name."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, model_name: str):
-        self.engine = engine
+    def __init__(self, worker: RequestWorker, tokenizer: Any, model_name: str):
+        self.worker = worker
         self.tok = tokens_for(tokenizer)
         self.model_name = model_name
         self.eos = frozenset() if self.tok is None else self.tok.stop_ids
@@ -203,7 +203,7 @@ class Server:
 
 
 def create_app(
-    engine: Engine,
+    worker: RequestWorker,
     tokenizer: Any,
     model_name: str,
     api_key: str | None = None,
@@ -212,15 +212,15 @@ def create_app(
     """The app; ``tokenizer`` a GGUF or Hugging Face tokenizer (or its :mod:`.tokens` face, or
     ``None``); with ``api_key``, /v1 and the token routes (and /health, /metrics with
     ``protect_metrics``) need ``Authorization: Bearer <api_key>``."""
-    srv = Server(engine, tokenizer, model_name)
+    srv = Server(worker, tokenizer, model_name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        worker.start()
         try:
             yield
         finally:
-            await asyncio.get_running_loop().run_in_executor(None, engine.close, 30.0)
+            await asyncio.get_running_loop().run_in_executor(None, worker.close, 30.0)
 
     app = FastAPI(title="offgraph-kv", lifespan=lifespan)
     app.state.server = srv
@@ -230,7 +230,7 @@ def create_app(
     @app.exception_handler(P.ApiError)
     async def api_error(request: Request, e: P.ApiError) -> JSONResponse:
         if e.status >= 500 or e.code == "context_length_exceeded":
-            engine.metrics.requests.labels(outcome="rejected").inc()
+            worker.metrics.requests.labels(outcome="rejected").inc()
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.post("/v1/completions", response_model=None)
@@ -259,16 +259,16 @@ def create_app(
 
     @app.get("/health", response_model=None)
     async def health(audit: bool = False) -> Response:
-        if not engine.alive:
-            return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
-        # The audit runs on the engine thread between steps; the plain figures are the last
+        if not worker.alive:
+            return JSONResponse({"status": "error", "error": repr(worker.error)}, status_code=503)
+        # The audit runs on the worker thread between steps; the plain figures are the last
         # step's, so a health check never waits for a forward.
-        st = await engine.call(engine.audit) if audit else engine.last_state
+        st = await worker.call(worker.audit) if audit else worker.last_state
         return JSONResponse({"status": "ok", **st})
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(worker.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
@@ -277,7 +277,7 @@ async def _complete(srv: Server, request: Request, chat: bool) -> Response:
     req = P.parse(await request.body(), P.ChatRequest if chat else P.CompletionRequest)
     stops = req.stop_strings()
     jobs, ids, events = srv.jobs(req, chat)
-    srv.engine.submit(jobs)
+    srv.worker.submit(jobs)
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     choices = [_Choice(job, srv.tok, stops) for job in jobs]
     if req.stream:
@@ -292,7 +292,7 @@ async def _complete(srv: Server, request: Request, chat: bool) -> Response:
             pass
     finally:
         for c in choices:
-            srv.engine.cancel(c.job)
+            srv.worker.cancel(c.job)
     errors = [c for c in choices if c.reason == "error"]
     if errors:
         raise P.ApiError(500, errors[0].text or "generation failed", "server_error")
@@ -313,7 +313,7 @@ def _usage(choices: list[_Choice], n_prompt: int) -> dict[str, Any]:
 async def _events(
     srv: Server, request: Request, choices: list[_Choice], events: asyncio.Queue
 ) -> AsyncIterator[int]:
-    """Apply the engine's events to the choices; yields the index of each choice that changed.
+    """Apply the worker's events to the choices; yields the index of each choice that changed.
     Ends when every choice is over. A client that went away cancels what is left."""
     open_ = len(choices)
     while open_:
@@ -332,7 +332,7 @@ async def _events(
             if entry is not None:
                 c.add_logprob(entry)
             if c.reason is not None:
-                srv.engine.cancel(c.job)
+                srv.worker.cancel(c.job)
         elif kind == "finished":
             c.reason = arg
         elif kind == "error":
@@ -376,7 +376,7 @@ async def _stream(
         yield "data: [DONE]\n\n"
     finally:  # the client went away (or the stream ended): free what still runs
         for c in choices:
-            srv.engine.cancel(c.job)
+            srv.worker.cancel(c.job)
 
 
 def _sse(obj: dict[str, Any]) -> str:

@@ -86,7 +86,7 @@ def load_native(spec: str, threads: int | None = None) -> tuple[Any, Any, str]:
     native engine (no torch, no transformers; weights memory-mapped as the file stores them).
     The chat template is the file's, else the family's (Gemma 3's GGUF has none)."""
     from .._errors import EngineError
-    from ..engine import GgufModel
+    from ..gguf_model import GgufModel
     from .tokens import GgufTokens
 
     where, gguf, name = resolve(spec)

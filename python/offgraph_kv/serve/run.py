@@ -1,4 +1,4 @@
-"""``offgraph-kv serve``'s process: loads a model, builds the generator and the engine, serves.
+"""``offgraph-kv serve``'s process: loads a model, builds the generator and its request worker, serves.
 
 The command line (``offgraph-kv serve ...``) is parsed by :mod:`offgraph_kv.tools.cli`, which
 calls :func:`serve` with the :class:`ServeOptions` it parsed; nothing here imports the CLI.
@@ -50,13 +50,13 @@ class ServeOptions:
 
 
 def build(opts: ServeOptions) -> Any:
-    """The app for ``opts``: loads the model, builds the generator and the engine. The native
-    path imports neither torch nor transformers (torch alone is ~490 MB resident)."""
+    """The app for ``opts``: loads the model, builds the generator and its request worker. The
+    native path imports neither torch nor transformers (torch alone is ~490 MB resident)."""
     from ..batch import BatchGenerator
     from .app import create_app
-    from .engine import Engine
     from .loading import engine_of, load, load_native
     from .metrics import Metrics
+    from .worker import RequestWorker
 
     if engine_of(opts.model, opts.engine) == "native":
         model, tok, name = load_native(opts.model, opts.threads)
@@ -83,9 +83,9 @@ def build(opts: ServeOptions) -> Any:
         kv_dtype=opts.kv_dtype,
         **kw,
     )
-    engine = Engine(gen, Metrics(), max_queue=opts.max_queue)
+    worker = RequestWorker(gen, Metrics(), max_queue=opts.max_queue)
     return create_app(
-        engine,
+        worker,
         tok,
         opts.served_model_name or name,
         api_key=opts.api_key or None,

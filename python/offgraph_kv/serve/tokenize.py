@@ -74,13 +74,13 @@ def add_token_routes(app: FastAPI, srv: Any) -> None:
                 raise P.ApiError(400, f"messages: {e}", param="messages") from None
         else:
             ids = srv.tok.encode(value, add_special_tokens=req.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": srv.engine.gen.max_positions}
+        return {"tokens": ids, "count": len(ids), "max_model_len": srv.worker.gen.max_positions}
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         req = P.parse(await request.body(), DetokenizeRequest)
         _check_model(srv, req.model)
-        vocab = srv.engine.gen.vocab_size
+        vocab = srv.worker.gen.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise P.ApiError(

@@ -68,7 +68,7 @@ def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
 
 
 class GgufTokens:
-    """The face of a GGUF's tokenizer (:class:`~offgraph_kv.engine.GgufTokenizer`): its chat
+    """The face of a GGUF's tokenizer (:class:`~offgraph_kv.gguf_model.GgufTokenizer`): its chat
     template is the file's, else ``template`` (the model family's; the Gemma 3 GGUF has none)."""
 
     def __init__(self, tok: Any, template: str | None = None):

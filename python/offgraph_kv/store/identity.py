@@ -8,7 +8,7 @@ tensor, plus its last element). Any whole-tensor change (another checkpoint, ano
 fine-tune, a re-quantization) changes the digest; the sample reads a few KiB per tensor, so an
 8B model's digest costs milliseconds (``benches/bench_store_digest.py`` measures it).
 
-A native engine model (:class:`~offgraph_kv.engine.GgufModel`) is identified by its file's
+A native engine model (:class:`~offgraph_kv.gguf_model.GgufModel`) is identified by its file's
 digest (:func:`~.gguf_digest.gguf_digest`: the header, and a strided sample of every tensor's
 bytes read from the file), which it computes once.
 """

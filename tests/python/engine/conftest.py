@@ -4,7 +4,7 @@ opening costs milliseconds), beside the float32 transformers models of the top-l
 import os
 
 import pytest
-from offgraph_kv.engine import GgufModel
+from offgraph_kv.gguf_model import GgufModel
 from offgraph_kv.serve.loading import resolve
 
 

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from offgraph_kv import EngineError
-from offgraph_kv.engine import GgufModel
+from offgraph_kv.gguf_model import GgufModel
 from offgraph_kv.store import MemoryBackend, PrefixStore
 from offgraph_kv.store.gguf_digest import gguf_digest, layout
 from offgraph_kv.store.identity import identity

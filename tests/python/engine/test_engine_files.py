@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import offgraph_kv as okv
 import pytest
-from offgraph_kv.engine import EngineError, GgufModel
+from offgraph_kv.gguf_model import EngineError, GgufModel
 
 
 def _tiny(path, arch: str, tensors: bool = True) -> None:

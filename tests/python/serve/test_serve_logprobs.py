@@ -22,7 +22,7 @@ import pytest
 from model_helpers import tiny_model
 from offgraph_kv.batch.sampling import LogprobEntry
 from offgraph_kv.serve.app import _Choice
-from offgraph_kv.serve.engine import Job
+from offgraph_kv.serve.worker import Job
 
 # -- in process: the choice's bookkeeping ---------------------------------------------------
 

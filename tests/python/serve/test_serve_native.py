@@ -16,7 +16,7 @@ import numpy as np
 import openai
 import pytest
 from offgraph_kv.batch import BatchGenerator
-from offgraph_kv.engine import GgufModel
+from offgraph_kv.gguf_model import GgufModel
 from offgraph_kv.serve import loading
 from offgraph_kv.tools.serve_demo import QUESTIONS
 

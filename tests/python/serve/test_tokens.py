@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from offgraph_kv import InvalidArgumentError
-from offgraph_kv.engine import GgufModel
+from offgraph_kv.gguf_model import GgufModel
 from offgraph_kv.serve import loading
 from offgraph_kv.serve.app import _Choice
 from offgraph_kv.serve.tokens import GgufTokens, HfTokens, render_chat, tokens_for

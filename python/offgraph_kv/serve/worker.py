@@ -1,10 +1,10 @@
-"""The engine thread: the only thread that touches the :class:`BatchGenerator`.
+"""The request worker: the only thread that touches the :class:`BatchGenerator`.
 
-The event loop never runs a forward. It hands the engine commands (add a request, cancel one,
-read the state) through a queue; the engine applies them between steps, steps while there is
+The event loop never runs a forward. It hands the worker commands (add a request, cancel one,
+read the state) through a queue; the worker applies them between steps, steps while there is
 work, and sends each request's tokens back to the loop with ``call_soon_threadsafe``.
 
-Admission control happens in :meth:`Engine.submit`, on the caller's thread, before anything is
+Admission control happens in :meth:`RequestWorker.submit`, on the caller's thread, before anything is
 queued: a request that can never fit the cache is refused (``context_length_exceeded``), and
 beyond ``max_queue`` requests waiting for their first token (a request with ``n`` choices counts
 once) the server answers 503.
@@ -49,14 +49,14 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
 
     def send(self, kind: str, arg: Any) -> None:
-        """Hand an event to the request's coroutine (from the engine thread)."""
+        """Hand an event to the request's coroutine (from the worker thread)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, arg))
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
 
-class Engine:
+class RequestWorker:
     """Owns a :class:`~offgraph_kv.hf.BatchGenerator` and steps it on its own thread."""
 
     def __init__(self, gen: Any, metrics: Metrics, max_queue: int = 256):
@@ -68,8 +68,8 @@ class Engine:
         self._lock = threading.Lock()
         self._waiting = 0  # submitted requests none of whose choices has started
         self._closing = False
-        self._jobs: dict[int, Job] = {}  # rid -> job (engine thread only)
-        self._thread = threading.Thread(target=self._run, name="offgraph-kv-engine", daemon=True)
+        self._jobs: dict[int, Job] = {}  # rid -> job (worker thread only)
+        self._thread = threading.Thread(target=self._run, name="offgraph-kv-worker", daemon=True)
         self.error: BaseException | None = None
         self._memory_at = float("-inf")  # when the pools' committed bytes were last read
         # The figures after the last step: read without waiting for the step that runs.
@@ -140,7 +140,7 @@ class Engine:
             self._wake.set()
 
     async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the engine thread between steps; returns its result."""
+        """Run ``fn`` on the worker thread between steps; returns its result."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
 
@@ -168,7 +168,7 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    # -- the engine thread ------------------------------------------------------------------------
+    # -- the worker thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
@@ -287,7 +287,7 @@ class Engine:
         m.host_cache(st)
 
     def state(self) -> dict[str, Any]:
-        """Occupancy figures (engine thread, or under :meth:`call`)."""
+        """Occupancy figures (worker thread, or under :meth:`call`)."""
         gen = self.gen
         st = gen.stats
         running = gen._running
@@ -310,7 +310,7 @@ class Engine:
 
     def audit(self) -> dict[str, Any]:
         """The cache's own invariant check plus the generator's books: every live sequence is a
-        running request's or a cached prefix's, and nothing else (engine thread only)."""
+        running request's or a cached prefix's, and nothing else (worker thread only)."""
         gen = self.gen
         live = set(gen.kc.live_seqs)
         held = {r.seq for r in gen._running if r.seq is not None} | set(gen._cached)

@@ -1,0 +1,162 @@
+"""The native engine from Python: GGUF models run in Rust over the cache, weights as the file
+stores them (no torch, no float32 copy of the weights).
+
+```python
+from offgraph_kv.gguf_model import GgufModel
+m = GgufModel("model.gguf", threads=None)
+ids = m.tokenizer.encode("Hello")           # the GGUF's own tokenizer (BOS where the model wants)
+m.logits(ids)                               # float32 [len(ids), vocab], one sequence
+gen = BatchGenerator(m, n_cells=4096)       # the same generator as over a transformers model
+```
+
+`forward_cells` is the model step the generator drives: the generator opens the cell step
+(`kc.begin_step(seq_ids, positions)`), the engine writes every layer's K/V into the pools and
+attends through `okv.attend`'s kernels, with the GIL released.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from ._errors import EngineError
+from ._native import Flat, KvCellCache, LayerConfig, Ring
+
+# Pieces that end a chat turn in the two families' formats: generation stops at them as at eos.
+_TURN_ENDS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+
+
+class GgufTokenizer:
+    """The tokenizer a GGUF file carries (built from its metadata; no ``tokenizer.json``). Ids
+    equal the model's Hugging Face tokenizer's."""
+
+    def __init__(self, core: Any):
+        self._core = core
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Ids of ``text``; ``add_special_tokens`` adds BOS where the model expects one. Special
+        tokens written in the text (``<start_of_turn>``) become their ids."""
+        return self._core.encode(text, add_special_tokens)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._core.decode(list(ids), skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's raw bytes: a streaming decoder joins them and decodes whole characters."""
+        return self._core.token_bytes(token_id)
+
+    def token_to_id(self, piece: str) -> int | None:
+        return self._core.token_to_id(piece)
+
+    def is_special(self, token_id: int) -> bool:
+        return self._core.is_special(token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._core.vocab_size
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._core.bos_token_id
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._core.eos_token_id
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template string the file stores (Jinja), or None (the Gemma 3 GGUF has none)."""
+        return self._core.chat_template
+
+
+class GgufModel:
+    """A GGUF model (Llama family, Gemma 3) on the native engine.
+
+    Args:
+        path: the ``.gguf`` file (memory-mapped; tensors read in place).
+        threads: worker threads of the matmuls and attention (None: every core).
+
+    Raises:
+        EngineError: a file that is not a well-formed GGUF, or that the engine cannot run.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], threads: int | None = None):
+        self.path = os.fspath(path)
+        self._core = _native.GgufModelCore(self.path, threads)
+        self.tokenizer = GgufTokenizer(self._core.tokenizer)
+        self._digest: bytes | None = None
+
+    def weights_digest(self) -> bytes:
+        """SHA-256 of the file's header and a strided sample of every tensor's bytes (what a
+        :class:`~offgraph_kv.store.PrefixStore` binds its keys to), computed once."""
+        if self._digest is None:
+            from .store.gguf_digest import gguf_digest
+
+            self._digest = gguf_digest(self.path)
+        return self._digest
+
+    @property
+    def threads(self) -> int:
+        return self._core.threads
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        self._core.threads = n
+
+    @property
+    def architecture(self) -> str:
+        return self._core.architecture
+
+    @property
+    def vocab_size(self) -> int:
+        return self._core.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        """The context length the file declares."""
+        return self._core.max_positions
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.tokenizer.chat_template
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Ids that end a generation: eos and the family's end-of-turn piece."""
+        ids = [self.tokenizer.eos_token_id]
+        ids += [self.tokenizer.token_to_id(p) for p in _TURN_ENDS]
+        return sorted({i for i in ids if i is not None})
+
+    def layer_configs(self) -> list[LayerConfig]:
+        """One :class:`LayerConfig` per layer: sliding layers ``Ring(window)``, full ``Flat``."""
+        return [
+            LayerConfig(Flat() if w is None else Ring(window=w), heads, dim)
+            for w, heads, dim in self._core.layers()
+        ]
+
+    def forward_cells(
+        self,
+        kc: KvCellCache,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        rows: Sequence[int],
+    ) -> np.ndarray:
+        """Logits float32 ``[len(rows), vocab]`` for the step ``kc`` has open: the caller ran
+        ``kc.begin_step(seq_ids, positions)`` with one entry per token."""
+        return self._core.forward_cells(kc, list(tokens), list(positions), list(rows))
+
+    def logits(self, ids: Sequence[int], kv_dtype: str | None = None) -> np.ndarray:
+        """Logits float32 ``[len(ids), vocab]`` of one sequence from position 0 (a private
+        cache, pools in ``kv_dtype``)."""
+        return self._core.logits(list(ids), kv_dtype)
+
+    def __repr__(self) -> str:
+        arch, threads = self.architecture, self.threads
+        return f"GgufModel({self.path!r}, architecture={arch!r}, threads={threads})"
+
+
+__all__ = ["EngineError", "GgufModel", "GgufTokenizer"]
