@@ -1,4 +1,5 @@
-"""``offgraph-kv serve``'s process: loads a model, builds the generator and its request worker, serves.
+"""``offgraph-kv serve``'s process: loads a model, builds the generator and its request worker,
+serves.
 
 The command line (``offgraph-kv serve ...``) is parsed by :mod:`offgraph_kv.tools.cli`, which
 calls :func:`serve` with the :class:`ServeOptions` it parsed; nothing here imports the CLI.

@@ -4,10 +4,10 @@ The event loop never runs a forward. It hands the worker commands (add a request
 read the state) through a queue; the worker applies them between steps, steps while there is
 work, and sends each request's tokens back to the loop with ``call_soon_threadsafe``.
 
-Admission control happens in :meth:`RequestWorker.submit`, on the caller's thread, before anything is
-queued: a request that can never fit the cache is refused (``context_length_exceeded``), and
-beyond ``max_queue`` requests waiting for their first token (a request with ``n`` choices counts
-once) the server answers 503.
+Admission control happens in :meth:`RequestWorker.submit`, on the caller's thread, before
+anything is queued: a request that can never fit the cache is refused
+(``context_length_exceeded``), and beyond ``max_queue`` requests waiting for their first token (a
+request with ``n`` choices counts once) the server answers 503.
 """
 
 from __future__ import annotations
