@@ -21,7 +21,7 @@ import openai
 import pytest
 from model_helpers import tiny_model
 from offgraph_kv.batch.sampling import LogprobEntry
-from offgraph_kv.serve.app import _Choice
+from offgraph_kv.serve.choice import Choice
 from offgraph_kv.serve.worker import Job
 
 # -- in process: the choice's bookkeeping ---------------------------------------------------
@@ -44,7 +44,7 @@ def entry(t: int) -> LogprobEntry:
 
 def choice(stops, k=2):
     job = Job([1], 8, 0.0, 1.0, None, frozenset(), None, None, logprobs=k)  # type: ignore[arg-type]
-    return _Choice(job, BytesTok(), stops)
+    return Choice(job, BytesTok(), stops)
 
 
 def streamed(tokens, stops, reason="length"):

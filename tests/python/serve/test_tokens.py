@@ -12,7 +12,7 @@ import pytest
 from offgraph_kv import InvalidArgumentError
 from offgraph_kv.gguf_model import GgufModel
 from offgraph_kv.serve import loading
-from offgraph_kv.serve.app import _Choice
+from offgraph_kv.serve.choice import Choice
 from offgraph_kv.serve.tokens import GgufTokens, HfTokens, render_chat, tokens_for
 
 SYSTEM = "You are the help desk of a small bookshop. Answer in one short sentence."
@@ -67,7 +67,7 @@ def test_a_stream_never_sends_half_a_character(faces):
     # SmolLM2's byte-level pieces split the emoji; the test is only worth it where they do.
     split = any(b"\xf0" in gguf.token_bytes(t) and len(gguf.token_bytes(t)) < 4 for t in ids)
     for stops in ([], ["café 日"], ["never there"]):
-        c = _Choice(job=SimpleNamespace(logprobs=None), tok=gguf, stops=stops)  # no logprobs
+        c = Choice(job=SimpleNamespace(logprobs=None), tok=gguf, stops=stops)  # no logprobs
         sent = []
         for t in ids:
             c.add(t)

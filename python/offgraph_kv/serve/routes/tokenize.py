@@ -17,9 +17,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from . import protocol as P
+from .. import protocol as P
+from ..server import Server
 
-__all__ = ["DetokenizeRequest", "TokenizeRequest", "add_token_routes"]
+__all__ = ["DetokenizeRequest", "TokenizeRequest", "register"]
 
 
 class TokenizeRequest(P._Strict):
@@ -46,7 +47,7 @@ class DetokenizeRequest(P._Strict):
     tokens: list[int]
 
 
-def _check_model(srv: Any, model: str | None) -> None:
+def _check_model(srv: Server, model: str | None) -> None:
     if model is not None and model != srv.model_name:
         raise P.ApiError(
             404,
@@ -58,8 +59,8 @@ def _check_model(srv: Any, model: str | None) -> None:
         raise P.ApiError(400, "this model has no tokenizer")
 
 
-def add_token_routes(app: FastAPI, srv: Any) -> None:
-    """Adds the two routes over ``srv`` (the app's :class:`~.app.Server`)."""
+def register(app: FastAPI, srv: Server) -> None:
+    """Adds the two routes to ``app``, over ``srv``."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:

@@ -1,0 +1,17 @@
+"""The HTTP routes, one module per family, each registered the same way: a module's
+``register(app, srv)`` adds its routes to the app, over the app's :class:`~..server.Server`, and
+:func:`~..app.create_app` calls it for every one of :data:`FAMILIES`.
+
+* :mod:`.completions`: ``/v1/completions``, ``/v1/chat/completions`` (whole or streamed);
+* :mod:`.tokenize`: ``/tokenize``, ``/detokenize``;
+* :mod:`.models`: ``/v1/models``;
+* :mod:`.health`: ``/health``, ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from . import completions, health, models, tokenize
+
+__all__ = ["FAMILIES"]
+
+FAMILIES = (completions, tokenize, models, health)
