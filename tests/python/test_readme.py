@@ -1,6 +1,6 @@
 """The README's and the docs' Python examples run as written, and every relative link of the
-README, ARCHITECTURE.md and docs/*.md resolves to a file inside the repository (and, for a
-Markdown page with an anchor, to one of its headings)."""
+README, ARCHITECTURE.md, docs/*.md and docs/bench/*.md resolves to a file inside the repository
+(and, for a Markdown page with an anchor, to one of its headings)."""
 
 import re
 from pathlib import Path
@@ -8,7 +8,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted(DOCS.glob("*.md"))]
+PAGES = [
+    README,
+    ROOT / "ARCHITECTURE.md",
+    *sorted(DOCS.glob("*.md")),
+    *sorted(DOCS.glob("bench/*.md")),
+]
 
 
 def python_blocks(page: Path) -> list[str]:
