@@ -248,7 +248,8 @@ def cmd_real_demo(args: argparse.Namespace) -> int:
     )
 
     def show(q: str, a: str) -> None:
-        print(f"\nUser: {q}\nAssistant: {a}\n", flush=True)
+        # The whole transcript: the example exchange the model was given, then its answer.
+        print(f"\n{CHAT}User: {q}\nAssistant: {a}\n", flush=True)
         print(
             f"{args.conversations} conversations sharing one prompt (instructions and an example "
             f"exchange), {args.new_tokens} new tokens each, through one BatchGenerator:",
