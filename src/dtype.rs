@@ -11,6 +11,9 @@
 //! Codes ([`KvDtype::code`]) are append-only: snapshots store them.
 
 use crate::error::{CacheError, Result};
+// The half conversions' home is `crate::half`; their old paths here keep working.
+use crate::half::f16_le;
+pub use crate::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 /// Values per q8_0 block.
 pub const QK8_0: usize = 32;
@@ -200,86 +203,6 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// f32 to IEEE half bits, round to nearest even; NaN stays NaN (quiet),
-/// overflow goes to infinity.
-pub fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        let nan = if man != 0 {
-            0x0200 | (man >> 13) as u16
-        } else {
-            0
-        };
-        return sign | 0x7c00 | nan;
-    }
-    // Unbiased exponent of x; half normals cover [-14, 15].
-    let e = exp.saturating_sub(127);
-    if e > 15 {
-        return sign | 0x7c00;
-    }
-    if e >= -14 {
-        // Normal half: keep 10 mantissa bits, round the 13 dropped ones to nearest even.
-        let he = (e.saturating_add(15) as u32) << 10;
-        let hm = man >> 13;
-        let rest = man & 0x1fff;
-        let mut h = he | hm;
-        if rest > 0x1000 || (rest == 0x1000 && (hm & 1) == 1) {
-            h = h.saturating_add(1); // a carry into the exponent is correct (up to inf)
-        }
-        return sign | h as u16;
-    }
-    if e < -25 {
-        return sign; // below half the smallest subnormal: rounds to zero
-    }
-    // Subnormal half: value = m * 2^-24 with the implicit bit restored.
-    let full = man | 0x80_0000;
-    let shift = (-14i32).saturating_sub(e).saturating_add(13) as u32; // 14..=24
-    let hm = full >> shift;
-    let rest = full & ((1u32 << shift).saturating_sub(1));
-    let half = 1u32 << shift.saturating_sub(1);
-    let mut h = hm;
-    if rest > half || (rest == half && (hm & 1) == 1) {
-        h = h.saturating_add(1);
-    }
-    sign | h as u16
-}
-
-/// IEEE half bits to f32 (exact).
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h as u32) & 0x8000) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match (exp, man) {
-        (0, 0) => sign,
-        (0, m) => {
-            // Subnormal: m * 2^-24, exact in f32.
-            let v = m as f32 * f32::from_bits(0x3380_0000); // 2^-24
-            return if sign != 0 { -v } else { v };
-        }
-        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
-        (e, m) => sign | (e.wrapping_add(112) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
-}
-
-/// f32 to bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
-pub fn f32_to_bf16(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    let round = 0x7fffu32.saturating_add((b >> 16) & 1);
-    (b.wrapping_add(round) >> 16) as u16
-}
-
-/// bfloat16 bits to f32 (exact: a shift).
-pub fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
-
 /// Quantizes one block of 32 values into `out` (34 bytes) as GGML's
 /// `quantize_row_q8_0_ref` does: `d = amax / 127`, `q = round(x / d)` with
 /// `roundf` (half away from zero), the scale stored as fp16.
@@ -298,7 +221,7 @@ pub fn quantize_block_q8_0(x: &[f32; QK8_0], out: &mut [u8; Q8_0_BLOCK_BYTES]) {
 
 /// Dequantizes one block (34 bytes) into 32 values: `d * q`.
 pub fn dequantize_block_q8_0(b: &[u8; Q8_0_BLOCK_BYTES], out: &mut [f32; QK8_0]) {
-    let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    let d = f16_le([b[0], b[1]]);
     for (o, q) in out.iter_mut().zip(&b[2..]) {
         *o = d * (*q as i8) as f32;
     }
@@ -335,7 +258,7 @@ pub fn decode(dtype: KvDtype, src: &[u8], dst: &mut [f32]) -> bool {
             *d = f32::from_le_bytes(*s);
         }),
         KvDtype::Float16 => per_chunk(src, dst, |s: &[u8; 2], [d]: &mut [f32; 1]| {
-            *d = f16_to_f32(u16::from_le_bytes(*s));
+            *d = f16_le(*s);
         }),
         KvDtype::Bfloat16 => per_chunk(src, dst, |s: &[u8; 2], [d]: &mut [f32; 1]| {
             *d = bf16_to_f32(u16::from_le_bytes(*s));
@@ -373,38 +296,6 @@ fn per_chunk<S, D, const N: usize, const M: usize>(
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn f16_round_trip_of_every_half_is_exact() {
-        for h in 0..=u16::MAX {
-            let x = f16_to_f32(h);
-            if x.is_nan() {
-                assert!(f16_to_f32(f32_to_f16(x)).is_nan());
-            } else {
-                assert_eq!(f32_to_f16(x), h, "half {h:#06x}");
-            }
-        }
-    }
-
-    #[test]
-    fn f16_rounds_ties_to_even() {
-        // 1 + 2^-11 is halfway between 1 and the next half: even is 1.0.
-        assert_eq!(f32_to_f16(1.0 + f32::powi(2.0, -11)), 0x3c00);
-        // 1 + 3 * 2^-11 is halfway between 1+2^-10 (odd) and 1+2^-9: rounds up.
-        assert_eq!(f32_to_f16(1.0 + 3.0 * f32::powi(2.0, -11)), 0x3c02);
-        assert_eq!(f32_to_f16(65520.0), 0x7c00);
-        assert_eq!(f32_to_f16(65519.0), 0x7bff);
-        assert_eq!(f32_to_f16(f32::powi(2.0, -25)), 0); // tie to even zero
-        assert_eq!(f32_to_f16(f32::powi(2.0, -25) * 1.5), 1);
-    }
-
-    #[test]
-    fn bf16_rounds_ties_to_even() {
-        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
-        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
-        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
-        assert_eq!(bf16_to_f32(0x3f80), 1.0);
-    }
 
     #[test]
     fn q8_0_block_matches_its_definition() {

@@ -2,6 +2,8 @@
 //!
 //! Layers, each a module, arrows pointing down only:
 //! attention → byte layer (`kv`) → neutral layer (`config`, `window`, `sequence`, `cell`, `registry`).
+//! Below them all, shared with the engine crate: the CPU features kernels
+//! dispatch on (`cpu`) and the half-precision number formats (`half`).
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,8 +15,10 @@
 pub mod attention;
 pub mod cell;
 pub mod config;
+pub mod cpu;
 pub mod dtype;
 pub mod error;
+pub mod half;
 pub mod kv;
 pub mod registry;
 pub mod runs;

@@ -66,12 +66,12 @@ pub(super) fn mask_softmax(
 fn sweep(sw: &mut Sweep<'_>) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        let cpu = crate::cpu::features();
+        if cpu.avx512f {
             // SAFETY: avx512f detected.
             return unsafe { sweep_avx512(sw) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if cpu.avx2_fma() {
             // SAFETY: avx2 and fma detected.
             return unsafe { sweep_avx2(sw) };
         }
@@ -194,12 +194,11 @@ mod tests {
         let mut variants: Vec<(&str, Run)> = vec![("portable", |sw| sweep_body(sw))];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            let cpu = crate::cpu::features();
+            if cpu.avx512f {
                 variants.push(("avx512", sweep_avx512));
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if cpu.avx2_fma() {
                 variants.push(("avx2", sweep_avx2));
             }
         }

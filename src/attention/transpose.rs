@@ -26,12 +26,13 @@ pub(super) fn transpose(src: &[f32], n: usize, hd: usize, dst: &mut [f32], next:
             dst,
             next,
         };
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        let cpu = crate::cpu::features();
+        if cpu.avx512f {
             // SAFETY: avx512f detected; both slices hold n * hd floats.
             let done = unsafe { x86::tiles16(&mut job) };
             return edges(src, n, hd, job.dst, done);
         }
-        if std::arch::is_x86_feature_detected!("avx") {
+        if cpu.avx {
             // SAFETY: avx detected; both slices hold n * hd floats.
             let done = unsafe { x86::tiles8(&mut job) };
             return edges(src, n, hd, job.dst, done);
@@ -283,8 +284,8 @@ mod tests {
                 ("avx", x86::tiles8),
             ] {
                 let ok = match isa {
-                    "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
-                    _ => std::arch::is_x86_feature_detected!("avx"),
+                    "avx512f" => crate::cpu::features().avx512f,
+                    _ => crate::cpu::features().avx,
                 };
                 if !ok {
                     continue;

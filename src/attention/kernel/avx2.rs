@@ -222,9 +222,7 @@ mod tests {
     use super::Avx2;
 
     fn avx2() -> bool {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
+        crate::cpu::features().avx2_fma_f16c()
     }
 
     /// The register softmax step agrees with the portable one on every

@@ -2,8 +2,9 @@
 //! kernels that read through a scratch tile.
 
 use crate::dtype::KvDtype;
+use crate::half::{bf16_to_f32, f16_le};
 
-/// Portable widening of stored rows (bit arithmetic; see `crate::dtype`).
+/// Portable widening of stored rows (bit arithmetic; see `crate::half`).
 #[inline(always)]
 pub(super) fn decode_portable(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
     match dtype {
@@ -14,17 +15,17 @@ pub(super) fn decode_portable(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
         }
         KvDtype::Bfloat16 => {
             for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
+                *d = bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));
             }
         }
         KvDtype::Float16 => {
             for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+                *d = f16_le([s[0], s[1]]);
             }
         }
         KvDtype::Q8_0 => {
             for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
-                let scale = crate::dtype::f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+                let scale = f16_le([s[0], s[1]]);
                 for (x, q) in d.iter_mut().zip(&s[2..]) {
                     *x = scale * (*q as i8) as f32;
                 }
