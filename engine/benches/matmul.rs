@@ -89,10 +89,7 @@ fn input(n: usize, cols: usize) -> Vec<f32> {
 
 fn benches(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
-    assert!(
-        std::arch::is_x86_feature_detected!("avx2"),
-        "the floor needs AVX2"
-    );
+    assert!(offgraph_kv::cpu::features().avx2, "the floor needs AVX2");
     println!(
         "quantized dots run on {:?}",
         offgraph_kv_engine::quant::active_isa()

@@ -162,26 +162,18 @@ fn reference(
 
 fn isas() -> Vec<QuantIsa> {
     let mut v = vec![QuantIsa::Portable, QuantIsa::Auto];
-    if is_x86_feature_detected_avx2() {
+    if cpu_has_avx2() {
         v.push(QuantIsa::Avx2);
     }
-    if is_x86_feature_detected_vnni() {
+    if cpu_has_vnni() {
         v.push(QuantIsa::Avx512Vnni);
     }
     v
 }
 
-fn is_x86_feature_detected_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected_avx2()
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+/// The CPU has what the VNNI kernels are compiled for (the engine's own check).
+fn cpu_has_vnni() -> bool {
+    offgraph_kv::cpu::features().avx512_vnni()
 }
 
 /// The VNNI kernels compute the same integer dots as AVX2 with the same
@@ -190,7 +182,7 @@ fn is_x86_feature_detected_vnni() -> bool {
 /// calls of the 32-value types 16 rows a register: `vnni_lanes`).
 #[test]
 fn vnni_and_avx2_agree_closely() {
-    if !is_x86_feature_detected_vnni() {
+    if !cpu_has_vnni() {
         let e = matmul_with_isa(
             QuantIsa::Avx512Vnni,
             &QMatrix::new(GgmlType::F32, 1, 8, &[0; 32]).unwrap(),
@@ -254,15 +246,9 @@ fn vnni_and_avx2_agree_closely() {
     println!("{checked} vnni outputs agree with avx2");
 }
 
-fn is_x86_feature_detected_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+/// The CPU has what the AVX2 kernels are compiled for.
+fn cpu_has_avx2() -> bool {
+    offgraph_kv::cpu::features().avx2_fma_f16c()
 }
 
 #[test]
@@ -309,7 +295,7 @@ fn every_type_matches_the_reference_within_the_activation_bound() {
 
 #[test]
 fn avx2_and_portable_agree_closely() {
-    if !is_x86_feature_detected_avx2() {
+    if !cpu_has_avx2() {
         let e = matmul_with_isa(
             QuantIsa::Avx2,
             &QMatrix::new(GgmlType::F32, 1, 8, &[0; 32]).unwrap(),

@@ -7,7 +7,7 @@ mod meta;
 mod reader;
 mod value;
 
-pub use file::{f16_to_f32, GgufFile, Tensor};
+pub use file::{GgufFile, Tensor};
 pub use header::{parse_header, Header, TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 pub use meta::MAX_ARRAY_DEPTH;
 pub use value::{Metadata, Value};

@@ -79,14 +79,12 @@ unsafe fn gated_avx2(gate: &mut [f32], up: &[f32], gelu: bool) {
 pub fn gated(gate: &mut [f32], up: &[f32], gelu: bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
+        let cpu = offgraph_kv::cpu::features();
+        if cpu.avx512f && cpu.avx2_fma() {
             // SAFETY: the CPU has the features the copy is compiled with (just checked).
             return unsafe { gated_avx512(gate, up, gelu) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if cpu.avx2_fma() {
             // SAFETY: as above.
             return unsafe { gated_avx2(gate, up, gelu) };
         }

@@ -75,7 +75,7 @@ fn q8(v: f32) -> i8 {
 /// and puts Σq of each 16 values in `sums`.
 fn block(xb: &[f32], qb: &mut [i8], sums: &mut [i32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if offgraph_kv::cpu::features().avx2 {
         // SAFETY: the CPU has AVX2 (checked just above).
         if let Some(amax) = unsafe { super::act_x86::amax(xb) } {
             let (dd, id) = scale(amax);

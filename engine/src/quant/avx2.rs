@@ -179,14 +179,14 @@ unsafe fn floats<const T: usize, const K: u8>(
         for c in c..cols {
             let w = match K {
                 0 => row.as_ptr().add(c * 4).cast::<f32>().read_unaligned(),
-                1 => super::f16::f16_to_f32(
+                1 => offgraph_kv::half::f16_to_f32(
                     row.as_ptr()
                         .add(c * 2)
                         .cast::<u16>()
                         .read_unaligned()
                         .to_le(),
                 ),
-                _ => super::f16::bf16_to_f32(
+                _ => offgraph_kv::half::bf16_to_f32(
                     row.as_ptr()
                         .add(c * 2)
                         .cast::<u16>()

@@ -2,9 +2,9 @@
 //! the same f32 operations (and order) as the reference decoders, so the
 //! results are bit-identical to them.
 
-use super::f16::{bf16_to_f32, f16_to_f32, half};
 use crate::error::{EngineError, Result};
 use crate::ggml_type::GgmlType;
+use offgraph_kv::half::{bf16_to_f32, f16_le, f16_to_f32};
 
 /// Byte `i` of `a`, 0 past its end (only used with in-range constants).
 #[inline(always)]
@@ -85,7 +85,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
                 .iter()
                 .zip(out.as_chunks_mut::<32>().0)
             {
-                let d = half([b[0], b[1]]);
+                let d = f16_le([b[0], b[1]]);
                 for (o, q) in o.iter_mut().zip(unpack32(&b[2..], 0)) {
                     *o = d * f32::from(q as i8 - 8);
                 }
@@ -98,7 +98,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
                 .iter()
                 .zip(out.as_chunks_mut::<32>().0)
             {
-                let (d, m) = (half([b[0], b[1]]), half([b[2], b[3]]));
+                let (d, m) = (f16_le([b[0], b[1]]), f16_le([b[2], b[3]]));
                 for (o, q) in o.iter_mut().zip(unpack32(&b[4..], 0)) {
                     *o = d * f32::from(q) + m;
                 }
@@ -111,7 +111,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
                 .iter()
                 .zip(out.as_chunks_mut::<32>().0)
             {
-                let d = half([b[0], b[1]]);
+                let d = f16_le([b[0], b[1]]);
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
                 for (o, q) in o.iter_mut().zip(unpack32(&b[6..], qh)) {
                     *o = d * f32::from(q as i8 - 16);
@@ -125,7 +125,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
                 .iter()
                 .zip(out.as_chunks_mut::<32>().0)
             {
-                let (d, m) = (half([b[0], b[1]]), half([b[2], b[3]]));
+                let (d, m) = (f16_le([b[0], b[1]]), f16_le([b[2], b[3]]));
                 let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
                 for (o, q) in o.iter_mut().zip(unpack32(&b[8..], qh)) {
                     *o = d * f32::from(q) + m;
@@ -139,7 +139,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
                 .iter()
                 .zip(out.as_chunks_mut::<32>().0)
             {
-                let d = half([b[0], b[1]]);
+                let d = f16_le([b[0], b[1]]);
                 for (o, q) in o.iter_mut().zip(&b[2..]) {
                     *o = f32::from(*q as i8) * d;
                 }
@@ -166,7 +166,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
                 .iter()
                 .zip(out.as_chunks_mut::<256>().0)
             {
-                let d = half([b[208], b[209]]);
+                let d = f16_le([b[208], b[209]]);
                 let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
                 for (h, o) in o.chunks_exact_mut(128).enumerate() {
                     for (r, o) in o.iter_mut().enumerate() {
@@ -198,8 +198,8 @@ fn dequant_k45(ty: GgmlType, src: &[u8], out: &mut [f32]) {
         let Some((head, rest)) = b.split_first_chunk::<16>() else {
             continue;
         };
-        let d = half([head[0], head[1]]);
-        let dmin = half([head[2], head[3]]);
+        let d = f16_le([head[0], head[1]]);
+        let dmin = f16_le([head[2], head[3]]);
         let mut sb = [0u8; 12];
         sb.copy_from_slice(&head[4..16]);
         let (sc, mn) = scale_min_k4(&sb);

@@ -29,7 +29,6 @@ mod avx2;
 mod avx2_k;
 mod dequant;
 mod driver;
-mod f16;
 mod isa;
 mod kernel;
 mod portable;
@@ -45,7 +44,6 @@ mod vnni_lanes;
 mod vnni_wide;
 
 pub use dequant::dequantize_row;
-pub use f16::{bf16_to_f32, f16_to_f32};
 pub use isa::{active_isa, QuantIsa};
 
 use crate::error::{EngineError, Result};

@@ -3,8 +3,8 @@
 
 use super::act::Act;
 use super::dequant::{at, q6, scale_min_k4, unpack32};
-use super::f16::{bf16_to_f32, f16_to_f32, half};
 use crate::ggml_type::GgmlType;
+use offgraph_kv::half::{bf16_to_f32, f16_le, f16_to_f32};
 
 /// Σ q[j] · a[j] over a 32-block, the weights offset by `off`.
 #[inline(always)]
@@ -41,20 +41,20 @@ pub(super) fn dot(ty: GgmlType, row: &[u8], a: &Act<'_>) -> f32 {
             .map(|(w, x)| bf16_to_f32(u16::from_le_bytes(*w)) * x)
             .sum(),
         GgmlType::Q4_0 => blocks32::<18>(row, a, |b, aq, d, _| {
-            half([b[0], b[1]]) * d * idot32(unpack32(&b[2..], 0), 8, aq) as f32
+            f16_le([b[0], b[1]]) * d * idot32(unpack32(&b[2..], 0), 8, aq) as f32
         }),
         GgmlType::Q4_1 => blocks32::<20>(row, a, |b, aq, d, s| {
-            half([b[0], b[1]]) * d * idot32(unpack32(&b[4..], 0), 0, aq) as f32
-                + half([b[2], b[3]]) * s
+            f16_le([b[0], b[1]]) * d * idot32(unpack32(&b[4..], 0), 0, aq) as f32
+                + f16_le([b[2], b[3]]) * s
         }),
         GgmlType::Q5_0 => blocks32::<22>(row, a, |b, aq, d, _| {
             let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            half([b[0], b[1]]) * d * idot32(unpack32(&b[6..], qh), 16, aq) as f32
+            f16_le([b[0], b[1]]) * d * idot32(unpack32(&b[6..], qh), 16, aq) as f32
         }),
         GgmlType::Q5_1 => blocks32::<24>(row, a, |b, aq, d, s| {
             let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-            half([b[0], b[1]]) * d * idot32(unpack32(&b[8..], qh), 0, aq) as f32
-                + half([b[2], b[3]]) * s
+            f16_le([b[0], b[1]]) * d * idot32(unpack32(&b[8..], qh), 0, aq) as f32
+                + f16_le([b[2], b[3]]) * s
         }),
         GgmlType::Q8_0 => blocks32::<34>(row, a, |b, aq, d, _| {
             let i: i32 = b[2..]
@@ -62,7 +62,7 @@ pub(super) fn dot(ty: GgmlType, row: &[u8], a: &Act<'_>) -> f32 {
                 .zip(aq)
                 .map(|(&w, &a)| i32::from(w as i8) * i32::from(a))
                 .sum();
-            half([b[0], b[1]]) * d * i as f32
+            f16_le([b[0], b[1]]) * d * i as f32
         }),
         GgmlType::Q8_K => blocks256::<292>(row, a, |b, aq, d, _| {
             let i: i32 = b[4..260]
@@ -92,7 +92,7 @@ pub(super) fn dot(ty: GgmlType, row: &[u8], a: &Act<'_>) -> f32 {
                     .sum();
                 isum += s * i32::from(at(sc, i) as i8);
             }
-            half([b[208], b[209]]) * d * isum as f32
+            f16_le([b[208], b[209]]) * d * isum as f32
         }),
     }
 }
@@ -132,8 +132,8 @@ fn blocks256<const N: usize>(
 
 /// A Q4_K (no `qh`) or Q5_K super-block: `d·da·Σ sc_j·(q·a)_j − dmin·da·Σ m_j·Σa_j`.
 fn k45(b: &[u8], qh: Option<&[u8]>, qs: &[u8], aq: &[i8], da: f32, bs: &[i16]) -> f32 {
-    let d = half([at(b, 0), at(b, 1)]);
-    let dmin = half([at(b, 2), at(b, 3)]);
+    let d = f16_le([at(b, 0), at(b, 1)]);
+    let dmin = f16_le([at(b, 2), at(b, 3)]);
     let mut sb = [0u8; 12];
     for (o, i) in sb.iter_mut().zip(4..16) {
         *o = at(b, i);
