@@ -1,6 +1,7 @@
 """``pip install 'offgraph-kv[serve]'`` is enough to serve a GGUF: the wheel built from this tree,
 installed with the serve extra only into a fresh venv (no torch, no transformers), serves
-SmolLM2's GGUF and answers a chat completion from the OpenAI client. Installs from PyPI."""
+SmolLM2's GGUF and answers a chat completion from the OpenAI client, and refuses the torch engine
+naming the extra to install. Installs from PyPI."""
 
 from __future__ import annotations
 
@@ -48,6 +49,18 @@ def test_a_serve_only_venv_serves_a_gguf(tmp_path):
     assert gguf is not None
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # The torch engine is not there: the server says which extra brings it, and exits 2.
+    refused = subprocess.run(
+        [str(okv), "serve", os.path.join(where, gguf), "--engine", "torch", "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "pip install 'offgraph-kv[torch]'" in refused.stderr
+    assert "Traceback" not in refused.stderr
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         server = subprocess.Popen(
