@@ -27,6 +27,7 @@ pub struct CpuFeatures {
 }
 
 /// This CPU's features: detected at the first call, the same value after.
+#[inline]
 pub fn features() -> CpuFeatures {
     static DETECTED: OnceLock<CpuFeatures> = OnceLock::new();
     *DETECTED.get_or_init(detect)
@@ -66,18 +67,21 @@ impl CpuFeatures {
     };
 
     /// AVX2 and FMA (the float loops compiled `avx2,fma`).
+    #[inline]
     pub fn avx2_fma(self) -> bool {
         self.avx2 && self.fma
     }
 
     /// AVX2, FMA and F16C: the set every AVX2 kernel of attention and of the
     /// quantized dots is compiled for.
+    #[inline]
     pub fn avx2_fma_f16c(self) -> bool {
         self.avx2_fma() && self.f16c
     }
 
     /// AVX-512 F, BW, VL and VNNI with the AVX2 set: what the quantized
     /// dots' VNNI kernels are compiled for (`vpdpbusd` on 256-bit registers).
+    #[inline]
     pub fn avx512_vnni(self) -> bool {
         self.avx2_fma_f16c() && self.avx512f && self.avx512bw && self.avx512vl && self.avx512vnni
     }
