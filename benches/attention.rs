@@ -38,7 +38,7 @@ fn flush(buf: &[f32]) {
 /// Peak FMA throughput of one core, in FMAs (lanes) per second.
 fn fma_peak() -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if offgraph_kv::cpu::features().avx512f {
         #[target_feature(enable = "avx512f")]
         unsafe fn run(iters: usize) -> f32 {
             use std::arch::x86_64::*;

@@ -147,13 +147,13 @@ fn main() {
                     let mut variants = vec![(dtype.name().to_string(), opts)];
                     // q8_0 keys by the other path of this CPU beside the default.
                     if *dtype == KvDtype::Q8_0 {
-                        let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+                        let vnni = offgraph_kv::cpu::features().avx512vnni;
                         let other = if vnni {
                             ("q8_0_widen", NativeIsa::Avx512)
                         } else {
                             ("q8_0_int8", NativeIsa::Avx2Int8)
                         };
-                        if vnni || std::arch::is_x86_feature_detected!("avx2") {
+                        if vnni || offgraph_kv::cpu::features().avx2 {
                             let o = AttendOptions {
                                 native_isa: other.1,
                                 ..opts

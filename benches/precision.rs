@@ -89,7 +89,7 @@ fn decode(c: &mut Criterion) {
                 let mut variants = vec![(dtype.name().to_string(), opts)];
                 // The default takes VNNI integer dots for q8_0 keys where the
                 // CPU has them; the register widening beside it, same run.
-                if dtype == KvDtype::Q8_0 && std::arch::is_x86_feature_detected!("avx512vnni") {
+                if dtype == KvDtype::Q8_0 && offgraph_kv::cpu::features().avx512vnni {
                     let widen = AttendOptions {
                         native_isa: NativeIsa::Avx512,
                         ..opts

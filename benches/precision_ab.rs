@@ -32,12 +32,12 @@ fn median(mut x: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let (isas, names) = if std::arch::is_x86_feature_detected!("avx512vnni") {
+    let (isas, names) = if offgraph_kv::cpu::features().avx512vnni {
         (
             [NativeIsa::Avx512, NativeIsa::Avx512Vnni],
             ["widen", "vnni"],
         )
-    } else if std::arch::is_x86_feature_detected!("avx2") {
+    } else if offgraph_kv::cpu::features().avx2 {
         (
             [NativeIsa::Avx2, NativeIsa::Avx2Int8],
             ["widen", "avx2 int8"],

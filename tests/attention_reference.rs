@@ -40,11 +40,10 @@ fn variants() -> Vec<(Backend, NativeIsa)> {
     let mut v = vec![(Backend::Native, NativeIsa::Scalar)];
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if offgraph_kv::cpu::features().avx512f {
             v.push((Backend::Native, NativeIsa::Avx512));
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if offgraph_kv::cpu::features().avx2 && offgraph_kv::cpu::features().fma {
             v.push((Backend::Native, NativeIsa::Avx2));
         }
     }

@@ -221,7 +221,7 @@ fn options_refusals() {
     };
     assert!(attend(&q, [4, 1, HD], &s, &o).is_ok());
     #[cfg(target_arch = "x86_64")]
-    if !std::arch::is_x86_feature_detected!("avx512f") {
+    if !offgraph_kv::cpu::features().avx512f {
         let o = AttendOptions {
             native_isa: NativeIsa::Avx512,
             backend: Backend::Native,

@@ -25,16 +25,13 @@ fn isas() -> Vec<NativeIsa> {
     let mut v = vec![NativeIsa::Scalar];
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if offgraph_kv::cpu::features().avx512f {
             v.push(NativeIsa::Avx512);
         }
-        if std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-        {
+        if offgraph_kv::cpu::features().avx512vnni && offgraph_kv::cpu::features().avx512bw {
             v.push(NativeIsa::Avx512Vnni);
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if offgraph_kv::cpu::features().avx2 && offgraph_kv::cpu::features().fma {
             v.push(NativeIsa::Avx2);
             v.push(NativeIsa::Avx2Int8);
         }

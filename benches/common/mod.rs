@@ -137,10 +137,10 @@ unsafe fn stream2_avx2(k: *const u8, v: *const u8, n: usize) -> f32 {
 pub fn floor_isa() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if offgraph_kv::cpu::features().avx512f {
             return "avx512";
         }
-        if std::arch::is_x86_feature_detected!("avx") {
+        if offgraph_kv::cpu::features().avx {
             return "avx";
         }
     }
@@ -150,12 +150,12 @@ pub fn floor_isa() -> &'static str {
 /// One thread's share of the floor: its K and V bytes read side by side.
 fn stream2(k: &[u8], v: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if k.len() == v.len() && std::arch::is_x86_feature_detected!("avx512f") {
+    if k.len() == v.len() && offgraph_kv::cpu::features().avx512f {
         // SAFETY: AVX-512F detected; both slices hold k.len() bytes.
         return unsafe { stream2_avx512(k.as_ptr(), v.as_ptr(), k.len()) };
     }
     #[cfg(target_arch = "x86_64")]
-    if k.len() == v.len() && std::arch::is_x86_feature_detected!("avx") {
+    if k.len() == v.len() && offgraph_kv::cpu::features().avx {
         // SAFETY: AVX detected; both slices hold k.len() bytes.
         return unsafe { stream2_avx2(k.as_ptr(), v.as_ptr(), k.len()) };
     }
@@ -226,7 +226,7 @@ pub fn fma_peak(threads: usize) -> f64 {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if offgraph_kv::cpu::features().avx2 && offgraph_kv::cpu::features().fma {
         let n = 2_000_000usize;
         let flops = (n * 10 * 16 * threads) as f64;
         let mut best = 0f64;

@@ -22,7 +22,7 @@ pub(crate) struct Args {
 }
 
 impl Default for Args {
-    /// The Python demo's defaults (`offgraph-kv demo --help`).
+    /// The Python random-weight demo's defaults (`offgraph-kv demo --random --help`).
     fn default() -> Self {
         Args {
             seqs: 16,
@@ -66,7 +66,8 @@ usage: runner [--seqs N] [--prefix N] [--decode N] [--chunk N] [--layers N]
               [--head-dim N] [--vocab N] [--seed INT] [--threads N]
               [--backend {auto,native,xnnpack}] [--dump PATH]
 
-The offgraph-kv demo's workload (same weights, prompt and tokens) in plain Rust.
+The random-weight demo's workload (`offgraph-kv demo --random`: same weights, prompt and tokens)
+in plain Rust.
 
   --seqs N       sequences sharing the prefix (16)
   --prefix N     shared prefix tokens (1024)

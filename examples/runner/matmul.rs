@@ -30,7 +30,7 @@ pub(crate) fn matmul_rows_avx2(x: &[f32], k: usize, w: &[f32], n: usize, out: &m
 
 pub(crate) fn matmul_rows(x: &[f32], k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if offgraph_kv::cpu::features().avx2 {
         // SAFETY: the CPU supports AVX2 (checked just above).
         unsafe { matmul_rows_avx2(x, k, w, n, out) };
         return;

@@ -19,7 +19,7 @@ from offgraph_kv.hf import ATTN_NAME, OffgraphCache
 
 N_TOKENS = 640
 CHUNK = 128
-# Bounds with a wide margin over what this test measured (see the README's precision table);
+# Bounds with a wide margin over what this test measured (see docs/benchmarks.md's precision table);
 # the issue's own DynamicCache fake-quantization figures are 7e-7 / 4e-5 / 1e-3 mean KL.
 BOUNDS = {"float16": (1e-4, 0.99), "bfloat16": (2e-3, 0.97), "q8_0": (2e-2, 0.93)}
 

@@ -43,7 +43,7 @@ fn select_isa_on(want: NativeIsa, cpu: CpuFeatures) -> Result<IsaPath> {
             NativeIsa::Auto if avx512 => Ok(IsaPath::Avx512),
             // The AVX2 integer dots (`vpmaddubsw`) likewise only change q8_0
             // keys of decode blocks, where they beat the widening call for
-            // call on the AVX2 machine (benches/decode_floor.rs, README).
+            // call on the AVX2 machine (benches/decode_floor.rs, docs/benchmarks.md).
             NativeIsa::Auto if avx2 => Ok(IsaPath::Avx2Int8),
             NativeIsa::Auto | NativeIsa::Scalar => Ok(IsaPath::Scalar),
             NativeIsa::Avx512 if avx512 => Ok(IsaPath::Avx512),
