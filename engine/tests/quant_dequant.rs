@@ -90,6 +90,10 @@ fn dequantize_matches_gguf_bit_for_bit() {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
     ] {
         assert!(types.contains(&t), "no fixture for {t:?}");
     }

@@ -14,7 +14,7 @@ use offgraph_kv_engine::quant::{
 };
 use offgraph_kv_engine::{EngineError, GgmlType};
 
-const ALL: [GgmlType; 12] = [
+const ALL: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -27,6 +27,10 @@ const ALL: [GgmlType; 12] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_K,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 struct Rng(u64);
@@ -71,7 +75,7 @@ pub fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
             GgmlType::BF16 => {
                 blk.copy_from_slice(&((r.unit().to_bits() >> 16) as u16).to_le_bytes())
             }
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => {
                 put(0, 0.01 + 0.02 * r.unit().abs())
             }
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
@@ -79,6 +83,12 @@ pub fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
                 put(2, 0.02 * r.unit());
             }
             GgmlType::Q6_K => put(208, 0.001 + 0.002 * r.unit().abs()),
+            GgmlType::Q2_K => {
+                put(80, 0.01 + 0.02 * r.unit().abs());
+                put(82, 0.02 * r.unit());
+            }
+            GgmlType::Q3_K => put(108, 0.001 + 0.002 * r.unit().abs()),
+            GgmlType::IQ4_XS => put(0, 0.0001 + 0.0002 * r.unit().abs()),
             GgmlType::Q8_K => {
                 blk[..4].copy_from_slice(&(0.001f32 + 0.002 * r.unit().abs()).to_le_bytes())
             }
@@ -126,7 +136,13 @@ fn reference(
 ) -> (Vec<f64>, Vec<f64>) {
     let blk = match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 0,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => 256,
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Q8_K
+        | GgmlType::IQ4_XS => 256,
         _ => 32,
     };
     let (mut y, mut bound) = (vec![0f64; n * rows], vec![0f64; n * rows]);

@@ -1,11 +1,11 @@
 //! Activation quantization: each weight type's dot takes its activations in
 //! the block form GGML pairs with it, quantized once per call for all rows.
 //!
-//! - 32-value weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): Q8 blocks of 32 int8
+//! - 32-value weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): Q8 blocks of 32 int8
 //!   with an f32 scale `d = max|x| / 127`, `s = d · Σq` (the block sum the
 //!   Q4_1/Q5_1 min term needs; Q8_1-style) and Σq itself (what the lanes
 //!   kernels take off for their weights' unsigned offset).
-//! - K weights (Q4_K, Q5_K, Q6_K, Q8_K): Q8_K blocks of 256 int8, one f32
+//! - 256-value weights (Q2_K..Q6_K, Q8_K, IQ4_XS): Q8_K blocks of 256 int8, one f32
 //!   scale, and the 16 partial sums of 16 values each (the K mins need them).
 //! - Float weights (F32, F16, BF16): the f32 activations as given.
 //!
@@ -26,10 +26,19 @@ impl ActKind {
     pub(super) fn of(ty: GgmlType) -> ActKind {
         match ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActKind::F32,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-                ActKind::Q8
-            }
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => ActKind::Q8K,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL => ActKind::Q8,
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q8_K
+            | GgmlType::IQ4_XS => ActKind::Q8K,
         }
     }
 }

@@ -42,6 +42,9 @@ impl Kernel for Avx2 {
                 GgmlType::Q5_K => super::avx2_k::q45k::<T, true>(row, a, cols),
                 GgmlType::Q6_K => super::avx2_k::q6k::<T>(row, a, cols),
                 GgmlType::Q8_K => super::avx2_k::q8k::<T>(row, a, cols),
+                GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+                    a.map(|a| super::portable::dot(ty, row, &a))
+                }
             })
         }
     }

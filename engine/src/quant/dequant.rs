@@ -159,6 +159,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
             }
         }
         GgmlType::Q4_K | GgmlType::Q5_K => dequant_k45(ty, src, out),
+        GgmlType::Q2_K => super::lowbit::dequant_q2k(src, out),
+        GgmlType::Q3_K => super::lowbit::dequant_q3k(src, out),
+        GgmlType::IQ4_NL => super::lowbit::dequant_iq4nl(src, out),
+        GgmlType::IQ4_XS => super::lowbit::dequant_iq4xs(src, out),
         GgmlType::Q6_K => {
             for (b, o) in src
                 .as_chunks::<210>()

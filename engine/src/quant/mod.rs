@@ -31,6 +31,7 @@ mod dequant;
 mod driver;
 mod isa;
 mod kernel;
+mod lowbit;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod simd;

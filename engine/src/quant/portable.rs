@@ -3,6 +3,7 @@
 
 use super::act::Act;
 use super::dequant::{at, q6, scale_min_k4, unpack32};
+use super::lowbit;
 use crate::ggml_type::GgmlType;
 use offgraph_kv::half::{bf16_to_f32, f16_le, f16_to_f32};
 
@@ -77,6 +78,12 @@ pub(super) fn dot(ty: GgmlType, row: &[u8], a: &Act<'_>) -> f32 {
         }
         GgmlType::Q5_K => blocks256::<176>(row, a, |b, aq, d, bs| {
             k45(b, Some(&b[16..48]), &b[48..], aq, d, bs)
+        }),
+        GgmlType::Q2_K => blocks256::<84>(row, a, lowbit::dot_q2k),
+        GgmlType::Q3_K => blocks256::<110>(row, a, |b, aq, d, _| lowbit::dot_q3k(b, aq, d)),
+        GgmlType::IQ4_XS => blocks256::<136>(row, a, |b, aq, d, _| lowbit::dot_iq4xs(b, aq, d)),
+        GgmlType::IQ4_NL => blocks32::<18>(row, a, |b, aq, d, _| {
+            f16_le([b[0], b[1]]) * d * lowbit::idot_iq4(&b[2..], aq) as f32
         }),
         GgmlType::Q6_K => blocks256::<210>(row, a, |b, aq, d, _| {
             let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);

@@ -46,7 +46,13 @@ pub(super) fn check<const T: usize>(
     let bl = ty.block_len();
     let ok = a.iter().all(|a| match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => a.x.len() == cols,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Q8_K
+        | GgmlType::IQ4_XS => {
             a.x.len() == cols
                 && a.qs.len() >= cols
                 && a.d.len() >= cols / bl
