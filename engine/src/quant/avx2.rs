@@ -1,6 +1,7 @@
 //! AVX2 dots for the 32-value block types and the float types; the K types
-//! are in `avx2_k`. Each kernel takes one stored row and `T` tokens: a block
-//! is decoded to 32 bytes once and multiplied into all `T` tokens' quants.
+//! are in `avx2_k`, Q2_K, Q3_K and the IQ4 types in `avx2_lowbit`. Each
+//! kernel takes one stored row and `T` tokens: a block is decoded to 32
+//! bytes once and multiplied into all `T` tokens' quants.
 //!
 //! The integer products use `vpmaddubsw` (unsigned × signed bytes, pairs
 //! summed to int16) then `vpmaddwd` (pairs to int32). Signed weights enter
@@ -42,9 +43,10 @@ impl Kernel for Avx2 {
                 GgmlType::Q5_K => super::avx2_k::q45k::<T, true>(row, a, cols),
                 GgmlType::Q6_K => super::avx2_k::q6k::<T>(row, a, cols),
                 GgmlType::Q8_K => super::avx2_k::q8k::<T>(row, a, cols),
-                GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
-                    a.map(|a| super::portable::dot(ty, row, &a))
-                }
+                GgmlType::Q2_K => super::avx2_lowbit::q23k::<T, false>(row, a, cols),
+                GgmlType::Q3_K => super::avx2_lowbit::q23k::<T, true>(row, a, cols),
+                GgmlType::IQ4_NL => super::avx2_lowbit::iq4nl::<T>(row, a, cols),
+                GgmlType::IQ4_XS => super::avx2_lowbit::iq4xs::<T>(row, a, cols),
             })
         }
     }

@@ -27,6 +27,8 @@ mod act_x86;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+mod avx2_lowbit;
 mod dequant;
 mod driver;
 mod isa;

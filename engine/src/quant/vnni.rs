@@ -1,8 +1,8 @@
 //! The AVX-512 VNNI kernels: the 32-value block types in `vnni_wide` (two
 //! blocks a 512-bit register: a matvec, and the rows a batch leaves over)
 //! and `vnni_lanes` (16 rows a register: batched steps), Q4_K and Q6_K in
-//! `vnni_k`; Q5_1, Q5_K, Q8_K and the float types run the AVX2 kernels,
-//! compiled here with the wider feature set.
+//! `vnni_k`; Q5_1, Q5_K, Q8_K, Q2_K, Q3_K, the IQ4 types and the float
+//! types run the AVX2 kernels, compiled here with the wider feature set.
 //!
 //! `vpdpbusd` multiplies unsigned weight bytes by signed activation bytes
 //! and adds groups of four straight into int32 lanes, so there is no int16
