@@ -21,4 +21,4 @@ pub mod tokenizer;
 
 pub use error::{EngineError, Result};
 pub use ggml_type::GgmlType;
-pub use model::{Arch, Model, ModelConfig};
+pub use model::{Arch, ChatDefaults, Family, Model, ModelConfig};

@@ -7,7 +7,7 @@
 //! exits 1.
 
 use offgraph_kv::KvDtype;
-use offgraph_kv_engine::{Arch, Model, Result};
+use offgraph_kv_engine::{Model, Result};
 use std::io::Write;
 use std::time::Instant;
 
@@ -102,12 +102,12 @@ fn number<T: std::str::FromStr>(name: &str, v: &str) -> std::result::Result<T, S
         .map_err(|_| format!("{name}: expected a number, got {v:?}"))
 }
 
-/// The prompt in the model's chat format: Gemma's turns for Gemma 3 (its
-/// GGUF carries no template), ChatML where the template uses it (with the
+/// The prompt in the model's chat format, as its template (the file's, else
+/// the family's default) shows it: Gemma's turns, ChatML (with the
 /// template's default system message, as SmolLM2's has one), else as is.
 fn chat_text(model: &Model, prompt: &str) -> String {
-    let template = model.tokenizer().chat_template().unwrap_or("");
-    if model.config().arch == Arch::Gemma3 || template.contains("<start_of_turn>") {
+    let template = model.chat_template().unwrap_or("");
+    if template.contains("<start_of_turn>") {
         return format!("<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n");
     }
     if template.contains("<|im_start|>") {
@@ -209,14 +209,11 @@ fn run(a: &Args) -> Result<()> {
             "the prompt encodes to no tokens".into(),
         ));
     }
-    let stops: Vec<u32> = [
-        tok.eos(),
-        tok.token_id("<end_of_turn>"),
-        tok.token_id("<|im_end|>"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let turn_ends = model.chat_defaults().turn_ends.iter();
+    let stops: Vec<u32> = std::iter::once(tok.eos())
+        .chain(turn_ends.map(|p| tok.token_id(p)))
+        .flatten()
+        .collect();
     let max_step = ids.len().clamp(1, PREFILL_CHUNK);
     let n_cells = ids.len() + a.n.max(1);
     let mut kc = model.new_cache(n_cells, 1, max_step, a.kv_dtype, a.kv_dtype)?;

@@ -1,38 +1,8 @@
 //! A model's hyper-parameters, read from the GGUF metadata of its family.
 
+use super::family::{refuse_unimplemented, Arch};
 use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
-
-/// The families the engine runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Arch {
-    /// Llama (SmolLM2 and the like): SiLU gate, one RoPE base, no QK norms.
-    Llama,
-    /// Gemma 3: GELU(tanh) gate, QK norms, sandwich norms, sliding-window
-    /// layers with their own RoPE base.
-    Gemma3,
-}
-
-impl Arch {
-    /// The `general.architecture` string; `Unsupported` for any other family.
-    pub fn parse(name: &str) -> Result<Arch> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "gemma3" => Ok(Arch::Gemma3),
-            other => Err(EngineError::Unsupported(format!(
-                "architecture: expected \"llama\" or \"gemma3\", got {other:?}"
-            ))),
-        }
-    }
-
-    /// The metadata key prefix and `general.architecture` value.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Gemma3 => "gemma3",
-        }
-    }
-}
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,10 +15,13 @@ pub enum RopeStyle {
     HalfSplit,
 }
 
-/// Sliding window layers in Gemma 3: all but every sixth.
-const GEMMA3_SLIDING_PERIOD: usize = 6;
-/// Gemma 3's RoPE base for sliding-window layers (no GGUF key carries it).
-const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// The gate's activation in the feed-forward (`act(gate) * up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU with the tanh approximation.
+    GeluTanh,
+}
 
 /// Bound on every size read from metadata, so products of two stay far from
 /// overflowing (tensor shapes are checked against these sizes afterwards).
@@ -76,12 +49,30 @@ pub struct ModelConfig {
     pub attn_scale: f32,
     /// Per layer: the sliding window, `None` for full attention.
     pub windows: Vec<Option<usize>>,
+    /// Multiplier of the token embeddings (Gemma: `sqrt(n_embd)`).
+    pub embed_scale: f32,
+    pub activation: Activation,
+    /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and feed-forward outputs before their
+    /// residual adds (`post_attention_norm`, `post_ffw_norm`).
+    pub sandwich_norms: bool,
+    /// Linear RoPE scaling of full-attention layers: positions are divided
+    /// by it (1 without scaling).
+    pub rope_linear: f32,
+    /// Whether the plan reads an optional `rope_freqs.weight`: per-dimension
+    /// divisors of the full-attention layers' RoPE frequencies (llama3 scaling).
+    pub rope_freqs: bool,
 }
 
 impl ModelConfig {
     /// The config of an `arch` model from its metadata; `vocab` comes from
     /// the token embedding's shape (Gemma 3 files carry no vocab key).
+    /// `Unsupported` for a key that changes the math which the family does
+    /// not implement.
     pub fn from_metadata(arch: Arch, m: &Metadata, vocab: usize) -> Result<ModelConfig> {
+        let family = arch.family();
+        refuse_unimplemented(m, arch.name(), family)?;
         let key = |k: &str| format!("{}.{k}", arch.name());
         let n_layers = m.usize(&key("block_count"))?;
         let n_embd = m.usize(&key("embedding_length"))?;
@@ -144,37 +135,8 @@ impl ModelConfig {
                 )));
             }
         }
-        let (rope_base_local, rope_style, attn_scale, windows) = match arch {
-            Arch::Llama => (
-                rope_base,
-                RopeStyle::Adjacent,
-                1.0 / (head_dim as f32).sqrt(),
-                vec![None; n_layers],
-            ),
-            Arch::Gemma3 => {
-                let window = m.usize(&key("attention.sliding_window"))?;
-                if window == 0 {
-                    return Err(EngineError::Model(
-                        "gemma3.attention.sliding_window: expected a nonzero window, got 0".into(),
-                    ));
-                }
-                // Gemma 3 scales by query_pre_attn_scalar^-1/2, which its
-                // checkpoints set to the head size (256 for the 270M model).
-                let scalar = m
-                    .opt(&key("attention.query_pre_attn_scalar"), Metadata::f32)?
-                    .unwrap_or(head_dim as f32);
-                let windows = (0..n_layers)
-                    .map(|i| (!(i + 1).is_multiple_of(GEMMA3_SLIDING_PERIOD)).then_some(window))
-                    .collect();
-                (
-                    GEMMA3_LOCAL_ROPE_BASE,
-                    RopeStyle::HalfSplit,
-                    1.0 / scalar.sqrt(),
-                    windows,
-                )
-            }
-        };
-        Ok(ModelConfig {
+        // The Llama recipe; the family's hparams change what differs.
+        let mut cfg = ModelConfig {
             arch,
             n_layers,
             n_embd,
@@ -185,12 +147,20 @@ impl ModelConfig {
             vocab,
             context_length,
             rope_base,
-            rope_base_local,
-            rope_style,
+            rope_base_local: rope_base,
+            rope_style: RopeStyle::Adjacent,
             eps,
-            attn_scale,
-            windows,
-        })
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            windows: vec![None; n_layers],
+            embed_scale: 1.0,
+            activation: Activation::Silu,
+            qk_norm: false,
+            sandwich_norms: false,
+            rope_linear: 1.0,
+            rope_freqs: false,
+        };
+        (family.hparams)(m, arch.name(), &mut cfg)?;
+        Ok(cfg)
     }
 
     /// The RoPE base of `layer`.

@@ -5,11 +5,11 @@
 //! q/k/v are transposed after RoPE and the attention output back before the
 //! output projection. Every buffer lives in a [`Scratch`] that only grows.
 
-use super::config::{Arch, ModelConfig};
+use super::config::{Activation, ModelConfig};
 use super::exact::matmul_exact;
 use super::gate::gated;
 use super::ops::{
-    from_heads, rms_norm_in_place, rms_norm_into, rope_in_place, rope_table, to_heads,
+    from_heads, rms_norm_in_place, rms_norm_into, rope_in_place, rope_table, to_heads, RopeFreqs,
 };
 use super::weights::{LayerWeights, Weights};
 use crate::error::{EngineError, Result};
@@ -113,15 +113,16 @@ impl Ctx<'_> {
         let (t, e) = (tokens.len(), cfg.n_embd);
         self.embed(tokens, sized(&mut s.x, t * e))?;
         let d = cfg.head_dim;
-        rope_table(positions, d, cfg.rope_base, &mut s.cos_g, &mut s.sin_g);
-        if cfg.rope_base_local != cfg.rope_base {
-            rope_table(
-                positions,
-                d,
-                cfg.rope_base_local,
-                &mut s.cos_l,
-                &mut s.sin_l,
-            );
+        // Scaling (linear factor, llama3 divisors) applies to full-attention layers.
+        let full = RopeFreqs {
+            base: cfg.rope_base,
+            linear: cfg.rope_linear,
+            divisors: self.w.rope_freqs.as_deref(),
+        };
+        rope_table(positions, d, &full, &mut s.cos_g, &mut s.sin_g);
+        if self.uses_local_table() {
+            let local = RopeFreqs::plain(cfg.rope_base_local);
+            rope_table(positions, d, &local, &mut s.cos_l, &mut s.sin_l);
         }
         for (layer, lw) in self.w.layers.iter().enumerate() {
             self.attention(s, cache, layer, lw, t)?;
@@ -130,13 +131,21 @@ impl Ctx<'_> {
         self.logits(s, logit_rows)
     }
 
+    /// Whether sliding layers rotate by their own table: there are some, and
+    /// their base differs or the full layers' table is scaled (scaling never
+    /// applies to sliding layers).
+    fn uses_local_table(&self) -> bool {
+        let cfg = self.cfg;
+        cfg.windows.iter().any(Option::is_some)
+            && (cfg.rope_base_local != cfg.rope_base
+                || cfg.rope_linear != 1.0
+                || self.w.rope_freqs.is_some())
+    }
+
     fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let emb = Weights::matrix(self.file, &self.w.embed)?;
         // Gemma scales embeddings by sqrt(n_embd) (in the activations' f32).
-        let scale = match self.cfg.arch {
-            Arch::Gemma3 => (emb.cols as f32).sqrt(),
-            Arch::Llama => 1.0,
-        };
+        let scale = self.cfg.embed_scale;
         for (&tok, row) in tokens.iter().zip(x.chunks_exact_mut(emb.cols)) {
             dequantize_row(emb.ty, emb.row(tok as usize)?, row)?;
             if scale != 1.0 {
@@ -173,13 +182,12 @@ impl Ctx<'_> {
             rms_norm_in_place(q, qn, cfg.eps);
             rms_norm_in_place(k, kn, cfg.eps);
         }
-        let (cos, sin) = if cfg.windows.get(layer).copied().flatten().is_some()
-            && cfg.rope_base_local != cfg.rope_base
-        {
-            (&s.cos_l, &s.sin_l)
-        } else {
-            (&s.cos_g, &s.sin_g)
-        };
+        let (cos, sin) =
+            if cfg.windows.get(layer).copied().flatten().is_some() && self.uses_local_table() {
+                (&s.cos_l, &s.sin_l)
+            } else {
+                (&s.cos_g, &s.sin_g)
+            };
         rope_in_place(q, t, d, cfg.rope_style, cos, sin);
         rope_in_place(k, t, d, cfg.rope_style, cos, sin);
         let qh = sized(&mut s.qh, t * qd);
@@ -222,7 +230,7 @@ impl Ctx<'_> {
         let gate = sized(&mut s.gate, t * ff);
         let up = sized(&mut s.up, t * ff);
         self.mm_many(&[&wg, &wu], h, t, &mut [&mut *gate, &mut *up], &mut s.row)?;
-        gated(gate, up, cfg.arch == Arch::Gemma3);
+        gated(gate, up, cfg.activation == Activation::GeluTanh);
         let proj = sized(&mut s.proj, t * e);
         let down = Weights::matrix(self.file, &lw.down)?;
         self.mm(&down, gate, t, proj, &mut s.row)?;

@@ -7,19 +7,21 @@
 //! (`begin_step`), every layer writes its K/V through the cache and attends
 //! over what each token sees, and only the rows asked for get logits.
 //!
-//! Families: Llama (SmolLM2) and Gemma 3. What differs between them lives in
-//! [`ModelConfig`] (RoPE pairing and bases, attention scale, sliding windows)
-//! and in the optional Gemma weights (QK norms, post-attention and
-//! post-feed-forward norms); the forward is one code path.
+//! Families ([`family`]: Llama with SmolLM2, Gemma 3) set the knobs of
+//! [`ModelConfig`] (embedding scale, activation, QK and sandwich norms, RoPE
+//! pairing, bases and scaling, attention scale, sliding windows), which also
+//! decide the tensor plan; the forward is one code path reading the knobs.
 
 mod config;
 mod exact;
+pub mod family;
 mod forward;
 mod gate;
 mod ops;
 mod weights;
 
-pub use config::{Arch, ModelConfig, RopeStyle};
+pub use config::{Activation, ModelConfig, RopeStyle};
+pub use family::{Arch, ChatDefaults, Family};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
@@ -44,9 +46,10 @@ pub struct Model {
 }
 
 impl Model {
-    /// Maps and checks `path`: `Unsupported` for an architecture other than
-    /// llama / gemma3, `Model` for a missing or mistyped key or tensor or a
-    /// tensor of the wrong shape.
+    /// Maps and checks `path`: `Unsupported` for an architecture no family
+    /// reads, a metadata key that changes the math which the family does not
+    /// implement, or a tensor its plan does not consume; `Model` for a missing
+    /// or mistyped key or tensor or a tensor of the wrong shape.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
         let mut file = GgufFile::open(path)?;
         let arch = Arch::parse(file.architecture()?)?;
@@ -75,6 +78,19 @@ impl Model {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The family's chat defaults: its turn-end pieces and the template for
+    /// files that carry none.
+    pub fn chat_defaults(&self) -> &'static ChatDefaults {
+        &self.cfg.arch.family().chat
+    }
+
+    /// The chat template: the file's, else the family's default.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.tokenizer
+            .chat_template()
+            .or(self.chat_defaults().template)
     }
 
     /// Threads for the matmuls and attention (at least 1).

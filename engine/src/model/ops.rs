@@ -40,12 +40,36 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / (ss / x.len().max(1) as f32 + eps).sqrt()
 }
 
+/// The frequencies of a RoPE table: dimension pair `i` of a head of `d`
+/// turns by `pos * base^(-2i/d) / (divisors[i] * linear)` radians.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeFreqs<'a> {
+    pub base: f32,
+    /// Linear scaling: positions divided by it (1 without).
+    pub linear: f32,
+    /// Per-pair divisors (`rope_freqs.weight`, llama3 scaling), `d / 2` of them.
+    pub divisors: Option<&'a [f32]>,
+}
+
+impl RopeFreqs<'_> {
+    pub fn plain(base: f32) -> RopeFreqs<'static> {
+        RopeFreqs {
+            base,
+            linear: 1.0,
+            divisors: None,
+        }
+    }
+}
+
 /// Cosines and sines of a RoPE table: for each token, `head_dim / 2` angles
-/// `pos * base^(-2i/head_dim)` (f32 throughout, as the reference computes them).
+/// `pos * f_i` with `f_i = base^(-2i/head_dim) / divisor_i / linear` (f32
+/// throughout, as the reference computes them: Hugging Face divides its
+/// inverse frequencies by the llama3 factors and the linear factor; without
+/// scaling both divisions are by 1, exactly).
 pub fn rope_table(
     positions: &[usize],
     head_dim: usize,
-    base: f32,
+    freqs: &RopeFreqs<'_>,
     cos: &mut Vec<f32>,
     sin: &mut Vec<f32>,
 ) {
@@ -53,7 +77,15 @@ pub fn rope_table(
     cos.clear();
     sin.clear();
     let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / base.powf((2 * i) as f32 / head_dim as f32))
+        .map(|i| {
+            let f = 1.0 / freqs.base.powf((2 * i) as f32 / head_dim as f32);
+            let div = freqs
+                .divisors
+                .and_then(|d| d.get(i))
+                .copied()
+                .unwrap_or(1.0);
+            f / div / freqs.linear
+        })
         .collect();
     for &p in positions {
         for &f in &inv_freq {
@@ -129,5 +161,85 @@ pub fn from_heads(x: &[f32], t: usize, heads: usize, d: usize, out: &mut [f32]) 
                 dst.copy_from_slice(row);
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    /// `x` (one head of `d`, adjacent pairs) rotated at `pos` by the direct
+    /// formula, in f64: pair `i` turns by `pos / linear * base^(-2i/d) / div_i`.
+    fn direct(x: &[f32], pos: usize, base: f64, linear: f64, div: Option<&[f32]>) -> Vec<f64> {
+        let d = x.len();
+        let mut out = vec![0.0; d];
+        for i in 0..d / 2 {
+            let dv = div.map_or(1.0, |v| f64::from(v[i]));
+            let theta = pos as f64 / linear * base.powf(-2.0 * i as f64 / d as f64) / dv;
+            let (a, b) = (f64::from(x[2 * i]), f64::from(x[2 * i + 1]));
+            out[2 * i] = a * theta.cos() - b * theta.sin();
+            out[2 * i + 1] = a * theta.sin() + b * theta.cos();
+        }
+        out
+    }
+
+    #[test]
+    fn rope_rotates_by_the_scaled_frequencies() {
+        let d = 16;
+        let x: Vec<f32> = (0..d)
+            .map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.37 + 0.1)
+            .collect();
+        let divisors: Vec<f32> = (0..d / 2).map(|i| 1.0 + i as f32 * 0.9).collect();
+        let positions = [0usize, 1, 7, 300, 4097];
+        let cases: [(f32, Option<&[f32]>); 4] = [
+            (1.0, None),
+            (4.0, None),
+            (1.0, Some(&divisors)),
+            (8.0, Some(&divisors)),
+        ];
+        for (linear, div) in cases {
+            let freqs = RopeFreqs {
+                base: 500_000.0,
+                linear,
+                divisors: div,
+            };
+            let (mut cos, mut sin) = (Vec::new(), Vec::new());
+            rope_table(&positions, d, &freqs, &mut cos, &mut sin);
+            let mut got: Vec<f32> = positions.iter().flat_map(|_| x.iter().copied()).collect();
+            rope_in_place(
+                &mut got,
+                positions.len(),
+                d,
+                RopeStyle::Adjacent,
+                &cos,
+                &sin,
+            );
+            for (t, &p) in positions.iter().enumerate() {
+                let want = direct(&x, p, 500_000.0, f64::from(linear), div);
+                for (g, w) in got[t * d..(t + 1) * d].iter().zip(&want) {
+                    // f32 angles of positions up to ~4k: a few 1e-4 radians.
+                    assert!(
+                        (f64::from(*g) - w).abs() < 2e-3,
+                        "pos {p} linear {linear} divisors {}: {g} vs {w}",
+                        div.is_some()
+                    );
+                }
+            }
+        }
+        // The scaling changes the rotation: position 7 scaled by 4 is position 1.75.
+        let (mut c4, mut s4) = (Vec::new(), Vec::new());
+        let (mut c1, mut s1) = (Vec::new(), Vec::new());
+        let scaled = RopeFreqs {
+            base: 10_000.0,
+            linear: 4.0,
+            divisors: None,
+        };
+        rope_table(&[8], d, &scaled, &mut c4, &mut s4);
+        rope_table(&[2], d, &RopeFreqs::plain(10_000.0), &mut c1, &mut s1);
+        for (a, b) in c4.iter().zip(&c1).chain(s4.iter().zip(&s1)) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        assert!((c4[0] - 1.0).abs() > 0.1, "position 2 turns pair 0 visibly");
     }
 }

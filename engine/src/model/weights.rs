@@ -1,14 +1,19 @@
 //! The tensors a family's forward reads, found and shape-checked at open.
 //!
+//! The plan is the Llama layer plus what the config's knobs add (QK norms,
+//! sandwich norms, `rope_freqs.weight`); every other tensor in the file is
+//! refused, since the forward would silently ignore it.
+//!
 //! Matrices stay in the file: a [`MatRef`] names its tensor, and the forward
 //! takes a view of the mapping per call ([`Weights::matrix`]), so no weight
 //! byte is ever copied. Norm vectors are decoded to f32 once (a few KB).
 
-use super::config::{Arch, ModelConfig};
+use super::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::quant::QMatrix;
 use crate::GgmlType;
+use std::collections::HashSet;
 
 /// A matrix of `rows` outputs by `cols` inputs stored in the file.
 #[derive(Debug, Clone)]
@@ -49,6 +54,9 @@ pub struct Weights {
     pub output: MatRef,
     pub output_norm: Vec<f32>,
     pub layers: Vec<LayerWeights>,
+    /// `[head_dim / 2]` divisors of the full-attention layers' RoPE
+    /// frequencies (`rope_freqs.weight`, llama3 scaling), when the file has them.
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl Weights {
@@ -65,47 +73,61 @@ impl Weights {
         }
     }
 
-    /// Finds and checks every tensor `cfg` needs.
+    /// Finds and checks every tensor `cfg` needs; `Unsupported` for a
+    /// tensor of the file the plan does not consume.
     pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
+        let mut p = Plan {
+            file,
+            seen: HashSet::new(),
+        };
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
-        let embed = matrix(file, "token_embd.weight", cfg.vocab, e)?;
+        let embed = p.matrix("token_embd.weight", cfg.vocab, e)?;
         // Tied output (SmolLM2, Gemma 3): the embedding is the projection.
         let output = match file.get_tensor("output.weight") {
-            Some(_) => matrix(file, "output.weight", cfg.vocab, e)?,
+            Some(_) => p.matrix("output.weight", cfg.vocab, e)?,
             None => embed.clone(),
         };
-        let gemma = cfg.arch == Arch::Gemma3;
-        let opt_norm = |name: String, n: usize| -> Result<Option<Vec<f32>>> {
-            if gemma {
-                norm(file, &name, n).map(Some)
-            } else {
-                Ok(None)
-            }
+        let rope_freqs = match file.get_tensor("rope_freqs.weight") {
+            Some(_) if cfg.rope_freqs => Some(p.divisors("rope_freqs.weight", cfg.head_dim / 2)?),
+            _ => None,
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let d = cfg.head_dim;
             layers.push(LayerWeights {
-                attn_norm: norm(file, &n("attn_norm"), e)?,
-                wq: matrix(file, &n("attn_q"), cfg.q_dim(), e)?,
-                wk: matrix(file, &n("attn_k"), cfg.kv_dim(), e)?,
-                wv: matrix(file, &n("attn_v"), cfg.kv_dim(), e)?,
-                wo: matrix(file, &n("attn_output"), e, cfg.q_dim())?,
-                q_norm: opt_norm(n("attn_q_norm"), cfg.head_dim)?,
-                k_norm: opt_norm(n("attn_k_norm"), cfg.head_dim)?,
-                post_attn_norm: opt_norm(n("post_attention_norm"), e)?,
-                ffn_norm: norm(file, &n("ffn_norm"), e)?,
-                gate: matrix(file, &n("ffn_gate"), ff, e)?,
-                up: matrix(file, &n("ffn_up"), ff, e)?,
-                down: matrix(file, &n("ffn_down"), e, ff)?,
-                post_ffn_norm: opt_norm(n("post_ffw_norm"), e)?,
+                attn_norm: p.norm(&n("attn_norm"), e)?,
+                wq: p.matrix(&n("attn_q"), cfg.q_dim(), e)?,
+                wk: p.matrix(&n("attn_k"), cfg.kv_dim(), e)?,
+                wv: p.matrix(&n("attn_v"), cfg.kv_dim(), e)?,
+                wo: p.matrix(&n("attn_output"), e, cfg.q_dim())?,
+                q_norm: p.opt_norm(cfg.qk_norm, &n("attn_q_norm"), d)?,
+                k_norm: p.opt_norm(cfg.qk_norm, &n("attn_k_norm"), d)?,
+                post_attn_norm: p.opt_norm(cfg.sandwich_norms, &n("post_attention_norm"), e)?,
+                ffn_norm: p.norm(&n("ffn_norm"), e)?,
+                gate: p.matrix(&n("ffn_gate"), ff, e)?,
+                up: p.matrix(&n("ffn_up"), ff, e)?,
+                down: p.matrix(&n("ffn_down"), e, ff)?,
+                post_ffn_norm: p.opt_norm(cfg.sandwich_norms, &n("post_ffw_norm"), e)?,
             });
+        }
+        let output_norm = p.norm("output_norm.weight", e)?;
+        if let Some(t) = file.tensors().iter().find(|t| !p.seen.contains(&t.name)) {
+            return Err(EngineError::Unsupported(format!(
+                "tensor {:?} ({:?}, dims {:?}): not in the {} family's plan (running without \
+                 it would compute a different model)",
+                t.name,
+                t.ty,
+                t.dims,
+                cfg.arch.name()
+            )));
         }
         Ok(Weights {
             embed,
             output,
-            output_norm: norm(file, "output_norm.weight", e)?,
+            output_norm,
             layers,
+            rope_freqs,
         })
     }
 
@@ -130,6 +152,44 @@ fn check_dims(name: &str, dims: &[u64], want: &[usize]) -> Result<()> {
         Err(EngineError::Model(format!(
             "tensor {name:?}: expected dims {want:?}, got {dims:?}"
         )))
+    }
+}
+
+/// The tensors read so far, so that the rest can be refused.
+struct Plan<'f> {
+    file: &'f GgufFile,
+    seen: HashSet<String>,
+}
+
+impl Plan<'_> {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<MatRef> {
+        self.seen.insert(name.to_string());
+        matrix(self.file, name, rows, cols)
+    }
+
+    fn norm(&mut self, name: &str, n: usize) -> Result<Vec<f32>> {
+        self.seen.insert(name.to_string());
+        norm(self.file, name, n)
+    }
+
+    /// The norm `name` when the family's plan has it (then it is required).
+    fn opt_norm(&mut self, wanted: bool, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if wanted {
+            self.norm(name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// RoPE frequency divisors: `n` finite positive values.
+    fn divisors(&mut self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let v = self.norm(name, n)?;
+        if let Some(bad) = v.iter().find(|d| !(d.is_finite() && **d > 0.0)) {
+            return Err(EngineError::Model(format!(
+                "tensor {name:?}: expected positive finite divisors, got {bad}"
+            )));
+        }
+        Ok(v)
     }
 }
 

@@ -1,0 +1,376 @@
+//! The family registry on crafted files: a tiny valid Llama and Gemma 3 open
+//! and run; every metadata key or tensor that would change the math and that
+//! the family does not implement is refused at open, naming it and its value;
+//! Llama's RoPE scaling (linear factor, llama3 `rope_freqs.weight`) is read.
+//! The two real models keep their chat defaults.
+
+mod common;
+mod gguf_writer;
+
+use gguf_writer::{f32_bytes, ty, GgufBuilder, TensorSpec};
+use offgraph_kv::KvDtype;
+use offgraph_kv_engine::gguf::Value;
+use offgraph_kv_engine::{EngineError, Model};
+
+const E: u64 = 8;
+const HEADS: u64 = 2;
+const D: u64 = 4;
+const FF: u64 = 16;
+
+fn s(x: &str) -> Value {
+    Value::String(x.to_owned())
+}
+
+fn strs(v: &[&str]) -> Value {
+    Value::Array(v.iter().map(|x| s(x)).collect())
+}
+
+/// The byte-level alphabet plus "he" and an end token: a GPT-2 vocabulary.
+fn vocab() -> Vec<String> {
+    let mut tokens: Vec<String> = Vec::new();
+    let mut next = 256u32;
+    for b in 0u32..256 {
+        let c = if matches!(b, 33..=126 | 161..=172 | 174..=255) {
+            b
+        } else {
+            next += 1;
+            next - 1
+        };
+        tokens.push(char::from_u32(c).map(String::from).unwrap_or_default());
+    }
+    tokens.push("he".into());
+    tokens.push("<|im_end|>".into());
+    tokens
+}
+
+/// Deterministic small values.
+fn values(n: u64, seed: u64) -> Vec<u8> {
+    let v: Vec<f32> = (0..n)
+        .map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) * 0.05)
+        .collect();
+    f32_bytes(&v)
+}
+
+fn f32_tensor(name: &str, dims: &[u64], seed: u64) -> TensorSpec {
+    TensorSpec::new(name, dims, ty::F32, values(dims.iter().product(), seed))
+}
+
+/// A one-layer model of family `arch` with F32 weights and a GPT-2 tokenizer.
+fn tiny(arch: &str) -> GgufBuilder {
+    let tokens = vocab();
+    let n_vocab = tokens.len() as u64;
+    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let k = |x: &str| format!("{arch}.{x}");
+    let mut b = GgufBuilder::default()
+        .kv("general.architecture", s(arch))
+        .kv(&k("block_count"), Value::U32(1))
+        .kv(&k("embedding_length"), Value::U32(E as u32))
+        .kv(&k("attention.head_count"), Value::U32(HEADS as u32))
+        .kv(&k("attention.head_count_kv"), Value::U32(1))
+        .kv(&k("feed_forward_length"), Value::U32(FF as u32))
+        .kv(&k("context_length"), Value::U32(64))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+        .kv("tokenizer.ggml.model", s("gpt2"))
+        .kv("tokenizer.ggml.tokens", strs(&refs))
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(vec![Value::I32(1); tokens.len()]),
+        )
+        .kv("tokenizer.ggml.merges", strs(&["h e"]))
+        .kv(
+            "tokenizer.ggml.eos_token_id",
+            Value::U32(n_vocab as u32 - 1),
+        );
+    let q = HEADS * D;
+    let mut t = vec![
+        f32_tensor("token_embd.weight", &[E, n_vocab], 1),
+        f32_tensor("output_norm.weight", &[E], 2),
+        f32_tensor("blk.0.attn_norm.weight", &[E], 3),
+        f32_tensor("blk.0.attn_q.weight", &[E, q], 4),
+        f32_tensor("blk.0.attn_k.weight", &[E, D], 5),
+        f32_tensor("blk.0.attn_v.weight", &[E, D], 6),
+        f32_tensor("blk.0.attn_output.weight", &[q, E], 7),
+        f32_tensor("blk.0.ffn_norm.weight", &[E], 8),
+        f32_tensor("blk.0.ffn_gate.weight", &[E, FF], 9),
+        f32_tensor("blk.0.ffn_up.weight", &[E, FF], 10),
+        f32_tensor("blk.0.ffn_down.weight", &[FF, E], 11),
+    ];
+    if arch == "gemma3" {
+        b = b.kv(&k("attention.sliding_window"), Value::U32(16));
+        t.push(f32_tensor("blk.0.attn_q_norm.weight", &[D], 12));
+        t.push(f32_tensor("blk.0.attn_k_norm.weight", &[D], 13));
+        t.push(f32_tensor("blk.0.post_attention_norm.weight", &[E], 14));
+        t.push(f32_tensor("blk.0.post_ffw_norm.weight", &[E], 15));
+    }
+    for x in t {
+        b = b.tensor(x);
+    }
+    b
+}
+
+fn open(tag: &str, b: &GgufBuilder) -> Result<Model, EngineError> {
+    let dir = std::env::temp_dir().join(format!("okv-model-families-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{tag}.gguf"));
+    std::fs::write(&path, b.build().bytes).unwrap();
+    let r = Model::open(&path);
+    let _ = std::fs::remove_file(&path);
+    r
+}
+
+/// Logits of the last of three tokens at positions 0, 1, 2.
+fn last_logits(m: &Model) -> Vec<f32> {
+    let mut kc = m
+        .new_cache(16, 1, 8, KvDtype::Float32, KvDtype::Float32)
+        .unwrap();
+    let seq = kc.cells_mut().seq_new().unwrap();
+    m.forward(&mut kc, &[5, 77, 200], &[seq; 3], &[0, 1, 2], &[2])
+        .unwrap()
+}
+
+#[test]
+fn tiny_files_of_each_family_open_and_run() {
+    for arch in ["llama", "gemma3"] {
+        let m = open(arch, &tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert_eq!(m.config().arch.name(), arch);
+        let l = last_logits(&m);
+        assert_eq!(l.len(), m.config().vocab);
+        assert!(l.iter().all(|v| v.is_finite()), "{arch}: {l:?}");
+    }
+    let gemma = open("g", &tiny("gemma3")).unwrap();
+    let d = gemma.chat_defaults();
+    assert_eq!(d.turn_ends, ["<end_of_turn>"]);
+    assert!(d.template.is_some_and(|t| t.contains("<start_of_turn>")));
+    assert_eq!(gemma.chat_template(), d.template, "no template in the file");
+    let llama = open("l", &tiny("llama")).unwrap();
+    assert!(llama.chat_defaults().turn_ends.contains(&"<|im_end|>"));
+    assert_eq!(llama.chat_template(), None);
+}
+
+/// A `(key, value)` or tensor added to a valid file.
+enum Extra {
+    Key(&'static str, Value),
+    Tensor(&'static str, &'static [u64]),
+}
+
+#[test]
+fn what_a_family_does_not_implement_is_refused_by_name() {
+    use Extra::{Key, Tensor};
+    let cases: Vec<(&str, Extra, &str)> = vec![
+        (
+            "llama",
+            Key("llama.rope.scaling.type", s("yarn")),
+            "\"yarn\"",
+        ),
+        (
+            "llama",
+            Key("llama.rope.scaling.type", s("longrope")),
+            "\"longrope\"",
+        ),
+        (
+            "llama",
+            Key("llama.rope.scaling.attn_factor", Value::F32(0.5)),
+            "0.5",
+        ),
+        (
+            "llama",
+            Key("llama.rope.scaling.yarn_log_multiplier", Value::F32(0.1)),
+            "0.1",
+        ),
+        (
+            "llama",
+            Key("llama.rope.scaling.yarn_beta_fast", Value::F32(32.0)),
+            "32",
+        ),
+        (
+            "llama",
+            Key("llama.attn_logit_softcapping", Value::F32(50.0)),
+            "50",
+        ),
+        (
+            "llama",
+            Key("llama.final_logit_softcapping", Value::F32(30.0)),
+            "30",
+        ),
+        ("llama", Key("llama.expert_count", Value::U32(8)), "8"),
+        ("llama", Key("llama.expert_used_count", Value::U32(2)), "2"),
+        (
+            "llama",
+            Key("llama.embedding_scale", Value::F32(12.0)),
+            "12",
+        ),
+        (
+            "llama",
+            Key("llama.residual_scale", Value::F32(0.22)),
+            "0.22",
+        ),
+        ("llama", Key("llama.logit_scale", Value::F32(8.0)), "8"),
+        (
+            "llama",
+            Key("llama.attention.scale", Value::F32(0.0078125)),
+            "0.0078125",
+        ),
+        (
+            "llama",
+            Key("llama.attention.sliding_window", Value::U32(4096)),
+            "4096",
+        ),
+        (
+            "gemma3",
+            Key("gemma3.rope.scaling.type", s("linear")),
+            "\"linear\"",
+        ),
+        (
+            "gemma3",
+            Key("gemma3.rope.scaling.factor", Value::F32(8.0)),
+            "8",
+        ),
+        (
+            "gemma3",
+            Key("gemma3.attn_logit_softcapping", Value::F32(50.0)),
+            "50",
+        ),
+        (
+            "gemma3",
+            Key("gemma3.final_logit_softcapping", Value::F32(30.0)),
+            "30",
+        ),
+        ("gemma3", Key("gemma3.expert_count", Value::U32(4)), "4"),
+        (
+            "gemma3",
+            Key("gemma3.attention.sliding_window_pattern", Value::U32(4)),
+            "4",
+        ),
+        ("llama", Tensor("blk.0.attn_q.bias", &[HEADS * D]), "[8]"),
+        (
+            "llama",
+            Tensor("blk.0.ffn_gate_inp.weight", &[E, 4]),
+            "[8, 4]",
+        ),
+        (
+            "llama",
+            Tensor("blk.0.ffn_gate_exps.weight", &[E, FF, 4]),
+            "[8, 16, 4]",
+        ),
+        ("llama", Tensor("blk.0.attn_q_norm.weight", &[D]), "[4]"),
+        ("llama", Tensor("blk.0.post_ffw_norm.weight", &[E]), "[8]"),
+        ("llama", Tensor("blk.1.attn_norm.weight", &[E]), "[8]"),
+        ("gemma3", Tensor("rope_freqs.weight", &[D / 2]), "[2]"),
+        (
+            "gemma3",
+            Tensor("blk.0.ffn_down_exps.weight", &[FF, E, 4]),
+            "[16, 8, 4]",
+        ),
+        ("gemma3", Tensor("blk.0.attn_output.bias", &[E]), "[8]"),
+    ];
+    for (i, (arch, extra, value)) in cases.into_iter().enumerate() {
+        let (b, name) = match extra {
+            Key(k, v) => (tiny(arch).kv(k, v), k),
+            Tensor(t, dims) => (tiny(arch).tensor(f32_tensor(t, dims, 99)), t),
+        };
+        match open(&format!("case{i}"), &b) {
+            Err(EngineError::Unsupported(m)) => {
+                println!("{m}");
+                assert!(m.contains(name), "{name}: {m}");
+                assert!(m.contains(value), "{name}: value {value} not in {m}");
+            }
+            other => panic!("{arch} + {name}: expected Unsupported, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn neutral_values_of_math_keys_open() {
+    let cases: Vec<(&str, Value)> = vec![
+        ("llama.expert_count", Value::U32(0)),
+        ("llama.embedding_scale", Value::F32(1.0)),
+        ("llama.rope.scaling.type", s("none")),
+        (
+            "llama.rope.scaling.original_context_length",
+            Value::U32(8192),
+        ),
+    ];
+    for (k, v) in cases {
+        if let Err(e) = open("neutral", &tiny("llama").kv(k, v)) {
+            panic!("{k}: {e}");
+        }
+    }
+    let none_with_factor = tiny("llama")
+        .kv("llama.rope.scaling.type", s("none"))
+        .kv("llama.rope.scaling.factor", Value::F32(4.0));
+    match open("none-factor", &none_with_factor) {
+        Err(EngineError::Unsupported(m)) => assert!(m.contains("rope.scaling.factor"), "{m}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let bad_factor = tiny("llama").kv("llama.rope.scaling.factor", Value::F32(0.0));
+    assert!(matches!(
+        open("f0", &bad_factor),
+        Err(EngineError::Model(_))
+    ));
+    let bad_divisor = tiny("llama").tensor(TensorSpec::new(
+        "rope_freqs.weight",
+        &[D / 2],
+        ty::F32,
+        f32_bytes(&[1.0, -2.0]),
+    ));
+    match open("div", &bad_divisor) {
+        Err(EngineError::Model(m)) => assert!(m.contains("rope_freqs.weight"), "{m}"),
+        other => panic!("expected Model, got {other:?}"),
+    }
+}
+
+#[test]
+fn llama_rope_scaling_is_read() {
+    let base = last_logits(&open("plain", &tiny("llama")).unwrap());
+    let with = |tag: &str, b: GgufBuilder| last_logits(&open(tag, &b).unwrap());
+    let divisors =
+        |d: &[f32]| TensorSpec::new("rope_freqs.weight", &[D / 2], ty::F32, f32_bytes(d));
+    // Neutral scaling is the same model, bit for bit.
+    let ones = with("ones", tiny("llama").tensor(divisors(&[1.0, 1.0])));
+    assert_eq!(ones, base);
+    let unit = with(
+        "unit",
+        tiny("llama")
+            .kv("llama.rope.scaling.type", s("linear"))
+            .kv("llama.rope.scaling.factor", Value::F32(1.0)),
+    );
+    assert_eq!(unit, base);
+    // Real scaling changes the logits of a token that attends at a distance.
+    let linear = with(
+        "linear",
+        tiny("llama")
+            .kv("llama.rope.scaling.type", s("linear"))
+            .kv("llama.rope.scaling.factor", Value::F32(4.0)),
+    );
+    let llama3 = with("llama3", tiny("llama").tensor(divisors(&[1.0, 8.0])));
+    for (name, l) in [("linear", &linear), ("llama3", &llama3)] {
+        let diff = l
+            .iter()
+            .zip(&base)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff > 1e-6, "{name}: logits unchanged");
+    }
+    // A factor alone is linear scaling (as llama.cpp reads it).
+    let bare = with(
+        "bare",
+        tiny("llama").kv("llama.rope.scaling.factor", Value::F32(4.0)),
+    );
+    assert_eq!(bare, linear);
+}
+
+#[test]
+fn the_real_models_keep_their_chat_defaults() {
+    let gemma = Model::open(common::gemma3_gguf()).unwrap();
+    assert_eq!(gemma.chat_defaults().turn_ends, ["<end_of_turn>"]);
+    assert!(gemma.tokenizer().chat_template().is_none());
+    assert!(gemma
+        .chat_template()
+        .is_some_and(|t| t.contains("<start_of_turn>")));
+    let smol = Model::open(common::smollm2_gguf()).unwrap();
+    assert!(smol.chat_defaults().turn_ends.contains(&"<|im_end|>"));
+    assert_eq!(smol.chat_template(), smol.tokenizer().chat_template());
+    assert!(smol
+        .chat_template()
+        .is_some_and(|t| t.contains("<|im_start|>")));
+}
