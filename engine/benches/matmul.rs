@@ -24,11 +24,15 @@ fn weight(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     }
     data.truncate(n);
     let (bb, offs): (usize, &[usize]) = match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => (ty.block_bytes(), &[0]),
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+            (ty.block_bytes(), &[0])
+        }
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
             (ty.block_bytes(), &[0, 2])
         }
         GgmlType::Q6_K => (210, &[208]),
+        GgmlType::Q2_K => (84, &[80, 82]),
+        GgmlType::Q3_K => (110, &[108]),
         _ => (ty.block_bytes(), &[]),
     };
     for b in data.chunks_exact_mut(bb) {
@@ -101,6 +105,12 @@ fn benches(c: &mut Criterion) {
         ("gemma_attn_out_q4_k_1024to640", GgmlType::Q4_K, 640, 1024),
         ("gemma_down_q6_k_2048to640", GgmlType::Q6_K, 640, 2048),
         ("smollm2_up_q4_1_576to1536", GgmlType::Q4_1, 1536, 576),
+        // The low-bit types at the down projection's shape (no test model
+        // stores them).
+        ("down_q2_k_2048to640", GgmlType::Q2_K, 640, 2048),
+        ("down_q3_k_2048to640", GgmlType::Q3_K, 640, 2048),
+        ("down_iq4_nl_2048to640", GgmlType::IQ4_NL, 640, 2048),
+        ("down_iq4_xs_2048to640", GgmlType::IQ4_XS, 640, 2048),
     ];
     let mut g = c.benchmark_group("matvec");
     g.sample_size(10);
