@@ -8,8 +8,8 @@
 //! −32 offset subtracted as 32 · Σ scale · sum.
 
 use super::act::Act;
-use super::dequant::scale_min_k4;
 use super::simd::{dot_us, half_at, hsum};
+use super::unpack::scale_min_k4;
 use std::arch::x86_64::*;
 
 /// Q4_K (`FIVE` false) and Q5_K super-blocks.

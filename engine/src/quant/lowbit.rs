@@ -18,7 +18,7 @@
 //! In both 2-bit layouts, value `v` of a super-block is in byte
 //! `(v / 128) · 32 + v % 32` of the quants at bit `2 · ((v % 128) / 32)`.
 
-use super::dequant::{at, unpack32};
+use super::unpack::{at, unpack32};
 use offgraph_kv::half::f16_le;
 
 /// The non-linear 4-bit table of IQ4_NL and IQ4_XS.

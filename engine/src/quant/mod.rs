@@ -37,6 +37,7 @@ mod lowbit;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+mod unpack;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]

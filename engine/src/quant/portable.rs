@@ -2,8 +2,8 @@
 //! integer arithmetic per block (the reference the SIMD kernels match).
 
 use super::act::Act;
-use super::dequant::{at, q6, scale_min_k4, unpack32};
 use super::lowbit;
+use super::unpack::{at, q6, scale_min_k4, unpack32};
 use crate::ggml_type::GgmlType;
 use offgraph_kv::half::{bf16_to_f32, f16_le, f16_to_f32};
 

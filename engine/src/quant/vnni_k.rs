@@ -24,7 +24,7 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 }
 
 /// The eight scales and eight mins of a Q4_K super-block's 12 packed bytes
-/// (the layout `dequant::scale_min_k4` documents), each as 8 bytes.
+/// (the layout `unpack::scale_min_k4` documents), each as 8 bytes.
 #[inline(always)]
 fn scale_min_words(p: [u8; 12]) -> (u64, u64) {
     let [a, b, c, d, e, f, g, h, i, j, k, l] = p;
