@@ -1,8 +1,9 @@
-//! A model's hyper-parameters, read from the GGUF metadata of its family.
+//! What a model is: its family's description (the registry in `family`
+//! fills it) and the hyper-parameters the forward reads.
 
-use super::family::{refuse_unimplemented, Arch};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::gguf::Metadata;
+use std::fmt;
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,10 +23,6 @@ pub enum Activation {
     /// GELU with the tanh approximation.
     GeluTanh,
 }
-
-/// Bound on every size read from metadata, so products of two stay far from
-/// overflowing (tensor shapes are checked against these sizes afterwards).
-const MAX_SIZE: usize = 1 << 24;
 
 /// What the forward needs to know about a model.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,103 +63,6 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// The config of an `arch` model from its metadata; `vocab` comes from
-    /// the token embedding's shape (Gemma 3 files carry no vocab key).
-    /// `Unsupported` for a key that changes the math which the family does
-    /// not implement.
-    pub fn from_metadata(arch: Arch, m: &Metadata, vocab: usize) -> Result<ModelConfig> {
-        let family = arch.family();
-        refuse_unimplemented(m, arch.name(), family)?;
-        let key = |k: &str| format!("{}.{k}", arch.name());
-        let n_layers = m.usize(&key("block_count"))?;
-        let n_embd = m.usize(&key("embedding_length"))?;
-        let n_head = m.usize(&key("attention.head_count"))?;
-        let n_head_kv = m
-            .opt(&key("attention.head_count_kv"), Metadata::usize)?
-            .unwrap_or(n_head);
-        let n_ff = m.usize(&key("feed_forward_length"))?;
-        let context_length = m.usize(&key("context_length"))?;
-        let eps = m.f32(&key("attention.layer_norm_rms_epsilon"))?;
-        let rope_base = m
-            .opt(&key("rope.freq_base"), Metadata::f32)?
-            .unwrap_or(10_000.0);
-        if n_layers == 0 || n_head == 0 || n_head_kv == 0 || n_embd == 0 || n_ff == 0 {
-            return Err(EngineError::Model(format!(
-                "sizes: expected nonzero block_count, head counts, embedding and feed-forward \
-                 lengths, got {n_layers}, {n_head}/{n_head_kv}, {n_embd}, {n_ff}"
-            )));
-        }
-        let sizes = [n_layers, n_embd, n_head, n_head_kv, n_ff, context_length];
-        if sizes.iter().any(|&s| s > MAX_SIZE) {
-            return Err(EngineError::Model(format!(
-                "sizes: expected block_count, embedding_length, head counts, feed_forward_length \
-                 and context_length at most {MAX_SIZE}, got {sizes:?}"
-            )));
-        }
-        if !n_head.is_multiple_of(n_head_kv) {
-            return Err(EngineError::Model(format!(
-                "attention.head_count: expected a multiple of head_count_kv {n_head_kv}, got {n_head}"
-            )));
-        }
-        let head_dim = match m.opt(&key("attention.key_length"), Metadata::usize)? {
-            Some(d) => d,
-            None if n_embd.is_multiple_of(n_head) => n_embd / n_head,
-            None => {
-                return Err(EngineError::Model(format!(
-                    "head size: embedding_length {n_embd} is not a multiple of head_count {n_head} \
-                     and attention.key_length is missing"
-                )))
-            }
-        };
-        if let Some(vd) = m.opt(&key("attention.value_length"), Metadata::usize)? {
-            if vd != head_dim {
-                return Err(EngineError::Unsupported(format!(
-                    "attention.value_length: expected the key length {head_dim}, got {vd}"
-                )));
-            }
-        }
-        if head_dim == 0 || !head_dim.is_multiple_of(2) || head_dim > MAX_SIZE / n_head {
-            return Err(EngineError::Model(format!(
-                "head size: expected a nonzero even number with head_count x head size at most \
-                 {MAX_SIZE}, got {head_dim}"
-            )));
-        }
-        if let Some(rd) = m.opt(&key("rope.dimension_count"), Metadata::usize)? {
-            if rd != head_dim {
-                return Err(EngineError::Unsupported(format!(
-                    "rope.dimension_count: expected the head size {head_dim} (partial rotary \
-                     embeddings are not supported), got {rd}"
-                )));
-            }
-        }
-        // The Llama recipe; the family's hparams change what differs.
-        let mut cfg = ModelConfig {
-            arch,
-            n_layers,
-            n_embd,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_ff,
-            vocab,
-            context_length,
-            rope_base,
-            rope_base_local: rope_base,
-            rope_style: RopeStyle::Adjacent,
-            eps,
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
-            windows: vec![None; n_layers],
-            embed_scale: 1.0,
-            activation: Activation::Silu,
-            qk_norm: false,
-            sandwich_norms: false,
-            rope_linear: 1.0,
-            rope_freqs: false,
-        };
-        (family.hparams)(m, arch.name(), &mut cfg)?;
-        Ok(cfg)
-    }
-
     /// The RoPE base of `layer`.
     pub fn rope_base_of(&self, layer: usize) -> f32 {
         match self.windows.get(layer) {
@@ -179,5 +79,62 @@ impl ModelConfig {
     /// Key/value width `n_head_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+}
+
+/// What a family's chat format needs from the engine's users.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ChatDefaults {
+    /// Pieces that end an assistant turn: generation stops at them as at eos.
+    pub turn_ends: &'static [&'static str],
+    /// A chat template (Jinja) for files that carry none.
+    pub template: Option<&'static str>,
+}
+
+/// One model family.
+pub struct Family {
+    /// The `general.architecture` values (and metadata key prefixes) it reads.
+    pub archs: &'static [&'static str],
+    /// Hugging Face `model_type` values of the same models (for the chat
+    /// defaults of a model run through transformers).
+    pub hf_model_types: &'static [&'static str],
+    /// Sets the family's knobs on `cfg` (whose shared sizes are read, and
+    /// whose knobs start at the Llama defaults) from the keys `{prefix}.*`.
+    pub hparams: fn(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()>,
+    /// Keys (after `{prefix}.`) from the registry's math keys or `rope.scaling.*` that
+    /// `hparams` reads and implements; any other such key is refused.
+    pub implements: &'static [&'static str],
+    pub chat: ChatDefaults,
+}
+
+/// A family as a file names it: `name` is the file's `general.architecture`.
+#[derive(Clone, Copy)]
+pub struct Arch {
+    pub(in crate::model) name: &'static str,
+    pub(in crate::model) family: &'static Family,
+}
+
+impl Arch {
+    /// The metadata key prefix and `general.architecture` value.
+    pub fn name(self) -> &'static str {
+        self.name
+    }
+
+    pub fn family(self) -> &'static Family {
+        self.family
+    }
+}
+
+impl PartialEq for Arch {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Arch {}
+
+impl fmt::Debug for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Arch({:?})", self.name)
     }
 }

@@ -20,8 +20,7 @@ mod gate;
 mod ops;
 mod weights;
 
-pub use config::{Activation, ModelConfig, RopeStyle};
-pub use family::{Arch, ChatDefaults, Family};
+pub use config::{Activation, Arch, ChatDefaults, Family, ModelConfig, RopeStyle};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;

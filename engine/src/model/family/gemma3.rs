@@ -2,10 +2,9 @@
 //! sandwich norms, rotate-half RoPE, and five sliding-window layers (with
 //! their own RoPE base) to every full-attention one.
 
-use super::{ChatDefaults, Family};
 use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
-use crate::model::config::{Activation, ModelConfig, RopeStyle};
+use crate::model::config::{Activation, ChatDefaults, Family, ModelConfig, RopeStyle};
 
 /// Sliding window layers: all but every sixth.
 const SLIDING_PERIOD: usize = 6;

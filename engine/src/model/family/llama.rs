@@ -2,10 +2,10 @@
 //! one RoPE base with adjacent pairs, no extra norms; RoPE scaling by
 //! `rope_freqs.weight` (llama3) or `rope.scaling.type = linear`.
 
-use super::{shown, ChatDefaults, Family};
+use super::shown;
 use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
-use crate::model::config::ModelConfig;
+use crate::model::config::{ChatDefaults, Family, ModelConfig};
 
 pub static FAMILY: Family = Family {
     archs: &["llama"],
