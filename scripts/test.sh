@@ -32,7 +32,7 @@ trap 'rm -f "$log"' EXIT
 echo "==> cargo test --workspace"
 cargo test --workspace --release 2>&1 | tee -a "$log"
 echo "==> pytest"
-python -m pytest -q tests/python 2>&1 | tee -a "$log"
+python -m pytest -q --durations=15 tests/python 2>&1 | tee -a "$log"
 echo "==> C ABI: library, header, C/C++ examples and tests (plain, valgrind, ASan)"
 ./scripts/test-c.sh 2>&1 | tee -a "$log"
 echo "==> valgrind memcheck over the Rust tests"
