@@ -6,7 +6,7 @@
 //! Like the kernels, these are only reached from the driver's functions
 //! compiled with avx2, fma and f16c.
 
-use super::act::Act;
+use super::act::{Act, ActKind};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -44,21 +44,16 @@ pub(super) fn check<const T: usize>(
         return None;
     }
     let bl = ty.block_len();
-    let ok = a.iter().all(|a| match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => a.x.len() == cols,
-        GgmlType::Q2_K
-        | GgmlType::Q3_K
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K
-        | GgmlType::Q8_K
-        | GgmlType::IQ4_XS => {
+    // The activation's parts the type's kernels read: one answer with `act`'s.
+    let ok = a.iter().all(|a| match ActKind::of(ty) {
+        ActKind::F32 => a.x.len() == cols,
+        ActKind::Q8K => {
             a.x.len() == cols
                 && a.qs.len() >= cols
                 && a.d.len() >= cols / bl
                 && a.bs.len() >= cols / 16
         }
-        _ => {
+        ActKind::Q8 => {
             a.x.len() == cols
                 && a.qs.len() >= cols
                 && a.d.len() >= cols / bl
