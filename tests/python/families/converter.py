@@ -53,13 +53,18 @@ def converter_dir() -> Path:
     return _CACHE
 
 
-def start_convert(hf_dir: Path, out: Path, outtype: str) -> Conversion:
+def start_convert(hf_dir: Path, out: Path, outtype: str, pre: str | None = None) -> Conversion:
     """Starts converting the transformers checkpoint in ``hf_dir`` to ``out`` (``f16``, ``q8_0``,
-    ...) in the background; ``Conversion.wait`` returns the file."""
+    ...) in the background; ``Conversion.wait`` returns the file. ``pre`` names the BPE
+    pre-tokenizer when the converter does not know the tokenizer's hash."""
     where = converter_dir()
     env = {**os.environ, "PYTHONPATH": str(where / "gguf-py"), "HF_HUB_OFFLINE": "1"}
+    script = [str(where / "convert_hf_to_gguf.py")]
+    if pre is not None:
+        env["FIXTURE_TOKENIZER_PRE"] = pre
+        script = [str(Path(__file__).with_name("convert_main.py")), *script]
     proc = subprocess.Popen(
-        [sys.executable, str(where / "convert_hf_to_gguf.py"), str(hf_dir),
+        [sys.executable, *script, str(hf_dir),
          "--outfile", str(out), "--outtype", outtype],
         env=env, cwd=hf_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
