@@ -6,7 +6,8 @@ The checkpoint's own tokenizer turns the GPL-3 text into ids; the first ``--posi
 them go, as ids, to all three runners, so tokenizers play no part. Per file it prints top-1
 agreement with the transformers model and mean KL(hf || x) over the positions, for the engine
 (okv, float32 KV) and for llama.cpp (through llama-cpp-python, its default f16 KV unless
-``--llama-kv f32``), side by side, as a Markdown table.
+``--llama-kv f32``), side by side, as a Markdown table, and the mean of okv's KL minus
+llama.cpp's position by position with twice its standard error (negative: okv is closer).
 
     python benches/family_kl.py HF_DIR a-f16.gguf a-q8_0.gguf
     # quantize an F16 file with llama-quantize first, then compare it and every output:
@@ -87,8 +88,8 @@ def describe(gguf: Path) -> tuple[str, str]:
     return ftype, " ".join(f"{k}:{v}" for k, v in counts.most_common())
 
 
-def compare(want, have) -> tuple[float, float]:
-    """(top-1 agreement, mean KL(want || have)) of two [positions, vocab] logit arrays."""
+def compare(want, have):
+    """(top-1 agreement, KL(want || have) per position) of two [positions, vocab] logit arrays."""
     import numpy as np
 
     def log_softmax(x):
@@ -97,8 +98,14 @@ def compare(want, have) -> tuple[float, float]:
         return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
     p, q = log_softmax(want), log_softmax(have)
-    kl = float((np.exp(p) * (p - q)).sum(-1).mean())
-    return float((p.argmax(-1) == q.argmax(-1)).mean()), kl
+    return float((p.argmax(-1) == q.argmax(-1)).mean()), (np.exp(p) * (p - q)).sum(-1)
+
+
+def paired_gap(okv_kl, ref_kl) -> str:
+    """Mean of okv's KL minus llama.cpp's, position by position, with twice its standard error:
+    both run the same positions, so the pairs cancel what the text itself makes hard."""
+    d = okv_kl - ref_kl
+    return f"{d.mean():+.6f} ± {2 * d.std(ddof=1) / len(d) ** 0.5:.6f}"
 
 
 def main() -> int:
@@ -116,7 +123,7 @@ def main() -> int:
     ap.add_argument("--llama-kv", choices=("f16", "f32"), default="f16")
     ap.add_argument("--positions", type=int, default=256)
     ap.add_argument("--text", default=GPL3)
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     if not args.llama_python:
         ap.error("--llama-python (or $LLAMA_PYTHON): a Python with llama-cpp-python")
 
@@ -149,18 +156,20 @@ def main() -> int:
     print(f"checkpoint {args.hf_dir.name}: {len(ids)} positions of {Path(args.text).name}; "
           f"okv KV float32, llama.cpp (llama-cpp-python) KV {args.llama_kv}")  # fmt: skip
     print()
-    print("| file | type | tensor types | okv top-1 | okv KL | llama.cpp top-1 | llama.cpp KL |")
-    print("|---|---|---|---|---|---|---|")
+    print("| file | type | tensor types | okv top-1 | okv KL | llama.cpp top-1 | llama.cpp KL "
+          "| KL okv − llama.cpp (± 2 SE) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for gguf in ggufs:
         ftype, tensors = describe(gguf)
+        ref = compare(want, llama_logits(args.llama_python, gguf, ids, args.llama_kv))
         try:
             okv = compare(want, GgufModel(str(gguf), threads=2).logits(ids))
-            okv_cells = f"{okv[0]:.4f} | {okv[1]:.6f}"
+            cells = f"{okv[0]:.4f} | {okv[1].mean():.6f}"
+            gap = paired_gap(okv[1], ref[1])
         except EngineError as e:  # the engine refuses the file: say why, keep going
-            okv_cells = f"refused ({str(e)[:60]}) | -"
-        ref = compare(want, llama_logits(args.llama_python, gguf, ids, args.llama_kv))
-        print(f"| {gguf.name} | {ftype} | {tensors} | {okv_cells} | "
-              f"{ref[0]:.4f} | {ref[1]:.6f} |", flush=True)  # fmt: skip
+            cells, gap = f"refused ({str(e)[:60]}) | -", "-"
+        print(f"| {gguf.name} | {ftype} | {tensors} | {cells} | "
+              f"{ref[0]:.4f} | {ref[1].mean():.6f} | {gap} |", flush=True)  # fmt: skip
     return 0
 
 
