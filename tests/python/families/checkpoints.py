@@ -107,7 +107,7 @@ class Base:
 
     @cached_property
     def gemma_model(self) -> bytes:
-        return gemma_vocab.train(self.text)
+        return gemma_vocab.build(self.text, self.tokenizer)
 
     @cached_property
     def gemma_embed(self) -> torch.Tensor:
@@ -145,7 +145,7 @@ def save_variant(out: Path, name: str, base: Base):
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if VARIANTS[name].vocab == "gemma":
-        gemma_vocab.save(out, base.gemma_model)
+        gemma_vocab.save(out, base.gemma_model, tokenizer)
     if cls := VARIANTS[name].tokenizer_class:
         path = out / "tokenizer_config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "tokenizer_class": cls}))

@@ -1,34 +1,120 @@
-"""A Gemma-style SentencePiece tokenizer trained offline on the fixture text (BPE, byte fallback, no
-dummy prefix, Gemma's special ids 0-4), its transformers tokenizer, and an embedding for it taken
-from SmolLM2's rows for the same strings, so the Gemma 2 variant still predicts real text."""
+"""A Gemma-style SentencePiece tokenizer made offline for the fixture text (BPE, byte fallback, no
+dummy prefix, Gemma's special ids 0-4) whose pieces are SmolLM2's tokens for that text, its
+transformers tokenizer, and an embedding of SmolLM2's rows for those pieces: the Gemma 2 variant
+then reads the text much as SmolLM2 does and still predicts it."""
 
 from __future__ import annotations
 
 import io
+import json
+import struct
 from pathlib import Path
 
 import torch
 
-VOCAB = 4000
 # Gemma's ids: <pad> 0, <eos> 1, <bos> 2, <unk> 3, <mask> 4; the turn markers follow.
 SPECIALS = ["<mask>", "<start_of_turn>", "<end_of_turn>"]
 _SPACE = "\u2581"
+_BYTE, _NORMAL = 6, 1  # SentencePiece piece types
 
 
-def train(text: str) -> bytes:
-    """The serialized SentencePiece model, deterministic for a given text."""
+def _template(text: str) -> bytes:
+    """A SentencePiece BPE model trained on ``text`` with Gemma's settings and special ids."""
     import sentencepiece as spm
 
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(text.splitlines()), model_writer=buf, model_type="bpe",
-        vocab_size=VOCAB, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>",
+        vocab_size=400, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>",
         eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>", user_defined_symbols=SPECIALS,
         byte_fallback=True, add_dummy_prefix=False, remove_extra_whitespaces=False,
         normalization_rule_name="identity", split_digits=True, allow_whitespace_only_pieces=True,
         character_coverage=1.0, num_threads=1, minloglevel=2,
     )  # fmt: skip
     return buf.getvalue()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _fields(proto: bytes):
+    """The top-level (field number, raw bytes) of a serialized protobuf message."""
+    at = 0
+    while at < len(proto):
+        start, key, shift = at, 0, 0
+        while True:
+            byte = proto[at]
+            at += 1
+            key |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        wire = key & 7
+        if wire == 0:
+            while proto[at] & 0x80:
+                at += 1
+            at += 1
+        elif wire == 2:
+            size, shift = 0, 0
+            while True:
+                byte = proto[at]
+                at += 1
+                size |= (byte & 0x7F) << shift
+                shift += 7
+                if byte < 0x80:
+                    break
+            at += size
+        else:
+            at += 4 if wire == 5 else 8
+        yield key >> 3, proto[start:at]
+
+
+def _piece(text: str, score: float, kind: int) -> bytes:
+    raw = text.encode("utf-8")
+    body = b"\x0a" + _varint(len(raw)) + raw + b"\x15" + struct.pack("<f", score)
+    body += b"\x18" + _varint(kind)
+    return b"\x0a" + _varint(len(body)) + body
+
+
+def build(text: str, smol_tokenizer) -> bytes:
+    """The serialized SentencePiece model: the trained template's specials and byte pieces, then
+    every SmolLM2 token the text uses (with the pieces they merge from), spelled as SentencePiece
+    spells them and scored in SmolLM2's merge order, so both split the text alike."""
+    sp_template = _template(text)
+    vocab = smol_tokenizer.get_vocab()
+    merges = json.loads(smol_tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    parts = {"".join(m): m for m in merges}
+    keep: set[str] = set()
+    todo = [t for t in smol_tokenizer.convert_ids_to_tokens(smol_tokenizer(text)["input_ids"])]
+    while todo:
+        token = todo.pop()
+        if token not in keep and token in vocab:
+            keep.add(token)
+            todo.extend(parts.get(token, ()))
+    unbyte = {c: b for b, c in _byte_level().items()}
+    pieces = {}
+    for token in sorted(keep, key=vocab.__getitem__):
+        try:
+            spelled = bytes(unbyte[c] for c in token).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            continue  # a special token or part of a character: bytes cover it
+        pieces.setdefault(spelled.replace(" ", _SPACE), -float(vocab[token]))
+    out, specials = bytearray(), []
+    for number, raw in _fields(sp_template):
+        if number != 1:
+            out += raw
+            continue
+        specials.append(raw)
+    # The template's first pieces are the specials and the 256 bytes, in Gemma's order.
+    head = specials[: 4 + len(SPECIALS) + 256]
+    normal = [_piece(p, score, _NORMAL) for p, score in pieces.items()]
+    return b"".join(head) + b"".join(normal) + bytes(out)
 
 
 def tokenizer(model: bytes):
@@ -99,6 +185,16 @@ def embedding(model: bytes, smol_tokenizer, smol_embed: torch.Tensor) -> torch.T
     return smol_embed[torch.tensor(rows)].clone()
 
 
-def save(out: Path, model: bytes) -> None:
-    """The SentencePiece model where the converter reads it."""
+def save(out: Path, model: bytes, tokenizer) -> None:
+    """The SentencePiece model where the converter reads it, and the special pieces listed in
+    tokenizer_config.json as Gemma's own checkpoints list them (the converter types them from
+    there; transformers 5 no longer writes the list)."""
     (out / "tokenizer.model").write_bytes(model)
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["added_tokens_decoder"] = {
+        str(i): {"content": t.content, "special": True, "lstrip": False, "rstrip": False,
+                 "normalized": False, "single_word": False}
+        for i, t in tokenizer.added_tokens_decoder.items()
+    }  # fmt: skip
+    path.write_text(json.dumps(config))

@@ -14,6 +14,7 @@ from .activations import Stats
 
 # Gemma's GELU (tanh) is close to SiLU rescaled: silu(x) ~ c * gelu(x / c).
 _GELU_FROM_SILU = 1.702
+_SPREAD = 0.2
 # Qwen 2's biases, as a fraction of each projection's typical scale.
 _BIAS = 0.1
 
@@ -27,8 +28,8 @@ def _attn(i: int, part: str) -> str:
 
 
 def _around(scale: float, width: int, g: torch.Generator) -> torch.Tensor:
-    """Norm weights of a typical scale, varied by channel (+-20%) so that each weight counts."""
-    return scale * (1 + 0.4 * (torch.rand(width, generator=g) - 0.5))
+    """Norm weights of a typical scale, varied by channel (+-10%) so that each weight counts."""
+    return scale * (1 + _SPREAD * (torch.rand(width, generator=g) - 0.5))
 
 
 def qwen2(config: dict, state: dict, stats: Stats) -> tuple[dict, dict]:

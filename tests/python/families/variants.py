@@ -12,8 +12,8 @@ from . import layouts
 # Gemma 2's window is shorter than the text (256 positions) so that alternating windows matter;
 # its softcaps bite on these activations (measured: attention scores reach ~TODO, logits ~TODO).
 GEMMA2_WINDOW = 32
-GEMMA2_ATTN_CAP = 20.0
-GEMMA2_FINAL_CAP = 15.0
+GEMMA2_ATTN_CAP = 8.0
+GEMMA2_FINAL_CAP = 30.0
 
 
 @dataclass(frozen=True)
