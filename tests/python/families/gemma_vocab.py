@@ -155,18 +155,21 @@ def _byte_level() -> dict[int, str]:
 
 def embedding(model: bytes, smol_tokenizer, smol_embed: torch.Tensor) -> torch.Tensor:
     """One SmolLM2 row per piece: the row of the same string (spaces as SmolLM2 writes them), else
-    of the first SmolLM2 token of it; bytes take their byte token; specials SmolLM2's own."""
+    of the first SmolLM2 token of it. Bytes take their byte token's row, halved where a piece
+    has it too (SentencePiece never emits that byte; equal rows would tie in the logits);
+    specials take distinct SmolLM2 specials (<end_of_turn> a scaled copy of <eos>'s row)."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_proto=model)
     smol = smol_tokenizer.get_vocab()
     table = _byte_level()
     specials = {
-        "<pad>": 0, "<unk>": 0, "<mask>": 0,
-        "<bos>": smol_tokenizer.bos_token_id or 1, "<eos>": smol_tokenizer.eos_token_id or 2,
-        "<start_of_turn>": smol["<|im_start|>"], "<end_of_turn>": smol["<|im_end|>"],
+        "<pad>": (smol["<repo_name>"], 1.0), "<unk>": (smol["<reponame>"], 1.0),
+        "<mask>": (smol["<file_sep>"], 1.0), "<bos>": (smol["<|endoftext|>"], 1.0),
+        "<eos>": (smol["<|im_end|>"], 1.0), "<start_of_turn>": (smol["<|im_start|>"], 1.0),
+        "<end_of_turn>": (smol["<|im_end|>"], 0.9),
     }  # fmt: skip
-    rows = []
+    rows: list[tuple[int, float]] = []
     for i in range(sp.vocab_size()):
         piece = sp.id_to_piece(i)
         if piece in specials:
@@ -178,11 +181,16 @@ def embedding(model: bytes, smol_tokenizer, smol_embed: torch.Tensor) -> torch.T
             raw = piece.replace(_SPACE, " ").encode("utf-8")
         spelled = "".join(table[b] for b in raw)
         if spelled in smol:
-            rows.append(smol[spelled])
+            rows.append((smol[spelled], 1.0))
         else:
             ids = smol_tokenizer(raw.decode("utf-8", "replace"))["input_ids"]
-            rows.append(ids[0] if ids else 0)
-    return smol_embed[torch.tensor(rows)].clone()
+            rows.append((ids[0] if ids else smol["<|endoftext|>"], 1.0))
+    normal = {row for i, (row, _) in enumerate(rows) if not sp.is_byte(i)}
+    rows = [(row, 0.5 if sp.is_byte(i) and row in normal else scale)
+            for i, (row, scale) in enumerate(rows)]  # fmt: skip
+    index = torch.tensor([row for row, _ in rows])
+    scales = torch.tensor([scale for _, scale in rows]).unsqueeze(1)
+    return smol_embed[index] * scales
 
 
 def save(out: Path, model: bytes, tokenizer) -> None:
