@@ -157,6 +157,7 @@ fn check_all(name: &str, q: &[f32], shape: [usize; 3], spec: &AttendSpec<'_>, th
                 threads: Some(th),
                 backend,
                 native_isa: isa,
+                softcap: None,
             };
             let got = attend(q, shape, spec, &opts)
                 .unwrap_or_else(|e| panic!("{name} {backend:?}/{isa:?} threads {th}: {e}"));

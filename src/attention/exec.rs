@@ -150,6 +150,7 @@ fn run_task<'a>(
         segs: geo.segs(blk),
         k0,
         k1,
+        softcap: geo.softcap,
     };
     let mut st = softmax::State {
         m,

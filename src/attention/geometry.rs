@@ -6,6 +6,7 @@
 //! fewer row blocks than threads. [`Block`] is what a backend receives for one
 //! task.
 
+use super::softcap::Softcap;
 use crate::dtype::KvRows;
 use crate::runs::{MaskKind, Run, Runs};
 use crate::spec::{AttendSpec, KeyLayout};
@@ -39,6 +40,8 @@ pub(super) struct Geometry<'a> {
     pub(super) n_kv: usize,
     /// `scale · log2(e)`: the kernel works in the log2 domain.
     pub(super) qscale: f32,
+    /// The score cap, if any.
+    pub(super) softcap: Option<Softcap>,
     keys: Keys<'a>,
     /// Rows per block.
     pub(super) rb: usize,
@@ -57,6 +60,7 @@ impl<'a> Geometry<'a> {
         q_shape: [usize; 3],
         spec: &AttendSpec<'a>,
         scale: f32,
+        softcap: Option<Softcap>,
         threads: usize,
         rb: usize,
     ) -> Self {
@@ -103,6 +107,7 @@ impl<'a> Geometry<'a> {
             g,
             n_kv,
             qscale: scale * std::f32::consts::LOG2_E,
+            softcap,
             keys,
             rb,
             bpt,
@@ -223,6 +228,8 @@ pub(super) struct Block<'a> {
     /// Only keys `[k0, k1)` of the concatenation (a key split).
     pub k0: usize,
     pub k1: usize,
+    /// Applied to every score before the mask and the softmax.
+    pub softcap: Option<Softcap>,
 }
 
 impl Block<'_> {

@@ -14,6 +14,9 @@
 //!   [`KeyLayout::Cells`](crate::KeyLayout::Cells): token `i` sees exactly the rows of its runs.
 //! * A token that sees no key at all gets an output row of zeros (the limit of
 //!   an empty softmax-weighted sum; never NaN).
+//! * [`AttendOptions::softcap`] caps each score as `cap · tanh(score / cap)`
+//!   before the mask and the softmax (Gemma 2's attention logit soft-capping);
+//!   keys the mask hides stay hidden.
 //! * Rows of the pools outside the named runs are never read, so they may hold
 //!   anything, NaN included.
 //!
@@ -25,7 +28,8 @@
 //! `validate.rs` checks a call once (and states the arithmetic bounds the
 //! other files rely on); `geometry.rs` cuts the call into tasks; `exec.rs`
 //! runs them over threads and merges key-split partial states; `softmax.rs`
-//! holds the online-softmax state both backends fold into; `colsoftmax.rs`
+//! holds the online-softmax state both backends fold into; `softcap.rs` the
+//! score cap both apply before it; `colsoftmax.rs`
 //! and `transpose.rs` are the XNNPACK backend's native passes. In `kernel/`:
 //! the blocked driver and the micro-kernel trait (`mod.rs`), ISA detection
 //! and dispatch (`select.rs`), the portable, AVX2 and AVX-512 micro-kernels
@@ -49,6 +53,7 @@ mod colsoftmax;
 mod exec;
 mod geometry;
 mod kernel;
+mod softcap;
 mod softmax;
 #[cfg(feature = "xnnpack")]
 mod transpose;
@@ -133,6 +138,11 @@ pub struct AttendOptions {
     pub threads: Option<usize>,
     pub backend: Backend,
     pub native_isa: NativeIsa,
+    /// Attention logit soft-capping (Gemma 2): each score `q·k·scale`
+    /// becomes `cap · tanh(score / cap)` before the mask and the softmax.
+    /// `None` applies no cap; a cap must be finite and `> 0`. Every backend
+    /// and native ISA applies it (see `softcap.rs`).
+    pub softcap: Option<f32>,
 }
 
 /// Computes attention into a new `[n_q_heads, T, head_dim]` buffer. See the module docs.
@@ -167,7 +177,8 @@ pub fn attend_into(
     };
     let head_dim = spec.head_dim;
     let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-    let geo = Geometry::new(q, q_shape, spec, scale, threads, exec.rows_per_block());
+    let cap = opts.softcap.map(softcap::Softcap::new);
+    let geo = Geometry::new(q, q_shape, spec, scale, cap, threads, exec.rows_per_block());
     exec::run_tasks(&geo, exec, threads, out)
 }
 

@@ -173,6 +173,13 @@ pub(super) fn validate(
             )));
         }
     }
+    if let Some(c) = opts.softcap {
+        if !(c.is_finite() && c > 0.0) {
+            return Err(CacheError::InvalidArgument(format!(
+                "softcap: expected a finite number > 0, got {c}"
+            )));
+        }
+    }
     if opts.threads == Some(0) {
         return Err(CacheError::InvalidArgument(
             "threads: expected >= 1, got 0".into(),

@@ -7,7 +7,8 @@
 //!    (batch = keys). K is therefore never repacked or copied.
 //! 2. Mask and online softmax over the columns of `Sᵀ`, natively (the 2022
 //!    softmax operator has no mask and no running-max merge across chunks),
-//!    vectorised in `colsoftmax.rs`.
+//!    vectorised in `colsoftmax.rs`; a soft-cap, when asked, is applied to
+//!    the whole tile first (`softcap.rs`).
 //! 3. `Oᵀ = V_chunkᵀ · P`: the 2022 library has no batch-matmul and no transpose
 //!    operator, and a fully-connected operator only contracts its input's
 //!    channels, so `P · V` needs V either as packed weights (repacked per call:
@@ -223,6 +224,9 @@ fn run_block_in(b: &Block<'_>, st: &mut State<'_>, xs: &mut XScratch) -> Result<
                 };
             }
             let st_tile = &mut xs.st[..nc * nr];
+            if let Some(cap) = b.softcap {
+                cap.apply_slice(st_tile);
+            }
             let any = mask_softmax(st_tile, nc, j, &b.lo[..nr], &b.hi[..nr], st, hd);
             if any {
                 // Vᵀ chunk: vt[d * nc + jj] = V[row0 + jj][d].

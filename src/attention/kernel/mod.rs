@@ -15,6 +15,13 @@
 //!
 //! Scores live in the log2 domain: `q` is pre-scaled by `scale · log2(e)` and
 //! the kernel uses `exp2`.
+//!
+//! Soft-capping: every ISA path leaves a tile's raw scores in the score
+//! buffer before its softmax step (the register-widening decode step too), so
+//! the cap is applied there, to whole rows of the tile, by one loop shared
+//! by all ISAs (compiled under each one's target features). The driver is
+//! monomorphised over that row transform: without a cap it is a no-op and
+//! the uncapped kernel is the same code as before, with no per-tile test.
 // Indices and arithmetic are bounded by the validated block geometry
 // ("Arithmetic bounds" in validate.rs).
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
@@ -155,6 +162,26 @@ pub(crate) trait Isa: Copy {
 /// `k`/`v`, `nr <= RB`, slices sized as documented on [`Block`] / [`State`]).
 #[inline(always)]
 pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
+    // The cap is chosen once per block; each arm is its own instance of the driver.
+    match b.softcap {
+        // SAFETY: forwarded contract.
+        None => unsafe { run_block_with::<I>(b, st, |_| {}) },
+        // SAFETY: forwarded contract.
+        Some(cap) => unsafe { run_block_with::<I>(b, st, |row| cap.apply_row(row)) },
+    }
+}
+
+/// [`run_block`] with `scores` applied to each visible row of a tile's raw
+/// scores before its softmax step.
+///
+/// # Safety
+/// As [`run_block`].
+#[inline(always)]
+unsafe fn run_block_with<I: Isa>(
+    b: &Block<'_>,
+    st: &mut State<'_>,
+    scores: impl Fn(&mut [f32; KT]),
+) {
     let (hd, nr) = (b.hd, b.nr);
     let Some((lo_all, hi_all)) = b.key_span() else {
         return;
@@ -214,6 +241,7 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
             // Visible keys of this tile, as lanes [va, vb) of the row.
             let va = lo.saturating_sub(j);
             let vb = (hi - j).min(nk);
+            scores(row);
             let m_old = m[r];
             // SAFETY: lo < j + nk and hi > j, so va < vb <= nk <= KT; CPU per our contract.
             let (mn, sum) = unsafe { I::softmax_row(row, va, vb, m_old) };
