@@ -285,7 +285,7 @@ fn bad_metadata_is_refused_with_the_key() {
             "bert",
         ),
         (
-            "sentencepiece outside gemma",
+            "sentencepiece outside gemma without scores",
             {
                 let mut m = spm_meta();
                 set(
@@ -293,24 +293,25 @@ fn bad_metadata_is_refused_with_the_key() {
                     "general.architecture",
                     Value::String("llama".into()),
                 );
+                m.entries.remove("tokenizer.ggml.scores");
                 m
             },
-            "Unsupported",
-            "llama",
+            "Model",
+            "tokenizer.ggml.scores",
         ),
         (
-            "another split pattern",
+            "add_space_prefix mistyped",
             {
-                let mut m = gpt2_meta();
+                let mut m = spm_meta();
                 set(
                     &mut m,
-                    "tokenizer.ggml.pre",
-                    Value::String("llama-bpe".into()),
+                    "tokenizer.ggml.add_space_prefix",
+                    Value::String("yes".into()),
                 );
                 m
             },
-            "Unsupported",
-            "llama-bpe",
+            "Model",
+            "add_space_prefix",
         ),
         (
             "missing merges",

@@ -17,7 +17,7 @@ struct Symbol {
 /// A candidate merge of the symbol at `pos` with its right neighbour.
 #[derive(PartialEq, Eq)]
 struct Candidate {
-    rank: u64,
+    rank: u128,
     pos: usize,
     new_id: u32,
 }
@@ -47,7 +47,7 @@ const NONE: usize = usize::MAX;
 /// into a different id; it is then dropped, as the reference BPE does.
 pub(crate) fn merge_word(
     ids: &mut Vec<u32>,
-    merge: &mut dyn FnMut(u32, u32) -> Option<(u64, u32)>,
+    merge: &mut dyn FnMut(u32, u32) -> Option<(u128, u32)>,
 ) {
     let n = ids.len();
     if n < 2 {

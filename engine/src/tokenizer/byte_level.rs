@@ -1,9 +1,9 @@
 //! Byte-level BPE (GPT-2 style, `tokenizer.ggml.model = "gpt2"`): text is
-//! split by the GPT-2 pattern, each piece's UTF-8 bytes are spelled in a
+//! split by the pattern `tokenizer.ggml.pre` names, each piece's UTF-8 bytes are spelled in a
 //! 256-character alphabet, and the file's merges apply in their listed order.
 
 use super::bpe::merge_word;
-use super::pretokenize::Gpt2Split;
+use super::pretokenize::Split;
 use super::vocab::Vocab;
 use crate::error::{EngineError, Result};
 use std::collections::HashMap;
@@ -49,7 +49,7 @@ pub(crate) fn unspell(piece: &str, alphabet: &HashMap<char, u8>) -> Vec<u8> {
 /// The byte-level model: the single-byte tokens and the merge table.
 #[derive(Debug, Clone)]
 pub(crate) struct ByteLevel {
-    split: Gpt2Split,
+    split: Split,
     /// The token of each byte's alphabet character, when the vocabulary has it.
     byte_ids: [Option<u32>; 256],
     /// `(left << 32 | right)` → (rank, merged id).
@@ -58,8 +58,10 @@ pub(crate) struct ByteLevel {
 }
 
 impl ByteLevel {
-    /// `merges` are `"left right"` strings over the spelled vocabulary `vocab`.
+    /// `merges` are `"left right"` strings over the spelled vocabulary `vocab`;
+    /// `split` cuts text into the pieces the merges apply within.
     pub(crate) fn new(
+        split: Split,
         vocab: &Vocab,
         merges: &[&str],
         alphabet: HashMap<char, u8>,
@@ -93,7 +95,7 @@ impl ByteLevel {
             map.insert(u64::from(ia) << 32 | u64::from(ib), (rank, new));
         }
         Ok(ByteLevel {
-            split: Gpt2Split::new()?,
+            split,
             byte_ids,
             merges: map,
             alphabet,
@@ -106,7 +108,7 @@ impl ByteLevel {
         let mut merge = |a: u32, b: u32| {
             self.merges
                 .get(&(u64::from(a) << 32 | u64::from(b)))
-                .map(|&(rank, id)| (u64::from(rank), id))
+                .map(|&(rank, id)| (u128::from(rank), id))
         };
         self.split.split(text, &mut |piece| {
             word.clear();

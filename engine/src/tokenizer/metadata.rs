@@ -3,7 +3,8 @@
 
 use super::added::AddedTokens;
 use super::byte_level::{self, ByteLevel};
-use super::sentencepiece::{self, SentencePiece};
+use super::pretokenize::Split;
+use super::sentencepiece::{self, Order, SentencePiece};
 use super::vocab::Vocab;
 use super::{Model, Tokenizer};
 use crate::error::{EngineError, Result};
@@ -16,38 +17,11 @@ const TYPES: &str = "tokenizer.ggml.token_type";
 const SCORES: &str = "tokenizer.ggml.scores";
 const MERGES: &str = "tokenizer.ggml.merges";
 const PRE: &str = "tokenizer.ggml.pre";
+const SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 
 /// `tokenizer.ggml.token_type` values that matter here.
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
-
-/// Byte-level pre-tokenizer names whose split pattern is not GPT-2's; the
-/// reference gives these their own patterns, which are not built here.
-const OTHER_SPLITS: &[&str] = &[
-    "llama3",
-    "llama-v3",
-    "llama-bpe",
-    "falcon3",
-    "falcon-h1",
-    "pixtral",
-    "midm-2.0",
-    "lfm2",
-    "jina-v5-nano",
-    "dbrx",
-    "smaug-bpe",
-    "tekken",
-    "qwen2",
-    "deepseek-r1-qwen",
-    "kormo",
-    "f2llmv2",
-    "megrez",
-    "qwen35",
-    "gpt-4o",
-    "llama4",
-    "kanana2",
-    "talkie",
-    "minimax-m2",
-];
 
 /// An optional string key, borrowed from the metadata.
 fn opt_str<'m>(meta: &'m Metadata, key: &str) -> Result<Option<&'m str>> {
@@ -124,18 +98,11 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
             )))
         }
     };
-    let arch = opt_str(meta, "general.architecture")?;
+    // Gemma's sentencepiece files differ in two defaults the reference keys on
+    // the architecture: merges follow token positions, and no dummy prefix.
+    let gemma = kind == "llama"
+        && opt_str(meta, "general.architecture")?.is_some_and(|a| a.starts_with("gemma"));
     let pre = opt_str(meta, PRE)?;
-    if kind == "llama" && !arch.is_some_and(|a| a.starts_with("gemma")) {
-        return Err(EngineError::Unsupported(format!(
-            "a sentencepiece vocabulary for architecture {arch:?}: only Gemma's is built"
-        )));
-    }
-    if let Some(p) = pre.filter(|p| kind == "gpt2" && OTHER_SPLITS.contains(p)) {
-        return Err(EngineError::Unsupported(format!(
-            "metadata {PRE:?} = {p:?}: only the GPT-2 split is built"
-        )));
-    }
     let stored = strings(meta, TOKENS)?;
     let n = stored.len();
     if n == 0 || u32::try_from(n).is_err() {
@@ -145,7 +112,7 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
     }
     let types = per_token(meta, TYPES, n, "an integer", Value::as_i64)?;
     // Unused by the Gemma merge order, but a file whose scores do not match its tokens is broken.
-    per_token(meta, SCORES, n, "a number", Value::as_f64)?;
+    let scores = per_token(meta, SCORES, n, "a number", Value::as_f64)?;
     let (bos, eos) = (token_id(meta, "bos", n)?, token_id(meta, "eos", n)?);
     let (unk, pad) = (token_id(meta, "unknown", n)?, token_id(meta, "padding", n)?);
     let add_bos = meta
@@ -188,7 +155,7 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
         }
     };
     let mut named: Vec<u32> = [bos, eos, unk, pad].into_iter().flatten().collect();
-    if kind == "llama" {
+    if gemma {
         // Gemma's tokenizer class names "<mask>" as its mask token.
         named.extend(vocab.get("<mask>"));
     }
@@ -215,9 +182,22 @@ pub(super) fn build(meta: &Metadata) -> Result<Tokenizer> {
     let model = match kind {
         "gpt2" => {
             let merges = strings(meta, MERGES)?;
-            Model::ByteLevel(ByteLevel::new(&vocab, &merges, alphabet, &table)?)
+            let split = Split::named(pre)?;
+            Model::ByteLevel(ByteLevel::new(split, &vocab, &merges, alphabet, &table)?)
         }
-        _ => Model::SentencePiece(SentencePiece::new(&vocab, unk)),
+        _ => {
+            let order = match (gemma, scores) {
+                (true, _) => Order::Position,
+                (false, Some(scores)) => Order::by_score(&scores),
+                (false, None) => {
+                    return Err(EngineError::Model(format!(
+                        "metadata {SCORES:?} is missing: a sentencepiece vocabulary merges by score"
+                    )))
+                }
+            };
+            let prefix = meta.opt(SPACE_PREFIX, |m, k| m.bool(k))?.unwrap_or(!gemma);
+            Model::SentencePiece(SentencePiece::new(&vocab, unk, prefix, order))
+        }
     };
     Ok(Tokenizer {
         model,

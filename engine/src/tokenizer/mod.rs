@@ -2,9 +2,13 @@
 //!
 //! It reproduces the tokenizer transformers builds from the same file
 //! (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`): byte-level BPE for
-//! `tokenizer.ggml.model = "gpt2"` files, SentencePiece-style BPE with byte
-//! fallback for Gemma's `"llama"` files. Added tokens (control, user-defined
-//! and the named special tokens) are matched in the text before the model runs.
+//! `tokenizer.ggml.model = "gpt2"` files, split by the pattern
+//! `tokenizer.ggml.pre` names (GPT-2's, Llama 3's, Qwen's, GPT-4o's...), and
+//! SentencePiece-style BPE with byte fallback for `"llama"` files (Llama 2,
+//! Mistral, Phi-3, Gemma), with the dummy prefix `tokenizer.ggml.add_space_prefix`
+//! asks for as SentencePiece itself adds it. Added tokens (control,
+//! user-defined and the named special tokens) are matched in the text before
+//! the model runs.
 
 mod added;
 mod bpe;
@@ -62,9 +66,9 @@ impl fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Builds the tokenizer a file's metadata describes.
     ///
-    /// `Unsupported` for a `tokenizer.ggml.model` (or a pre-tokenizer or
-    /// SentencePiece family) this crate does not build; `Model` for a missing
-    /// or mistyped key, arrays of inconsistent lengths, or ids out of range.
+    /// `Unsupported` for a `tokenizer.ggml.model` this crate does not build;
+    /// `Model` for a missing or mistyped key, arrays of inconsistent lengths,
+    /// or ids out of range.
     pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer> {
         metadata::build(meta)
     }
@@ -111,7 +115,14 @@ impl Tokenizer {
                     .collect();
                 String::from_utf8_lossy(&bytes).into_owned()
             }
-            Model::SentencePiece(_) => sentencepiece::decode(kept),
+            Model::SentencePiece(m) => {
+                let text = sentencepiece::decode(kept);
+                // The dummy prefix comes off again, as the reference decoder strips one leading space.
+                match text.strip_prefix(' ') {
+                    Some(rest) if m.dummy_prefix() => rest.to_string(),
+                    _ => text,
+                }
+            }
         })
     }
 

@@ -1,10 +1,10 @@
-//! SentencePiece-style BPE (`tokenizer.ggml.model = "llama"`) as Gemma files
-//! need it: spaces become `▁`, the text between added tokens is one word,
-//! characters outside the vocabulary fall back to `<0xXX>` byte tokens, and a
-//! pair merges when its concatenation is a token. The file lists no merges
-//! and its scores do not follow merge order, so a merge ranks by the merged
-//! token's position in the file (earlier first), then by the longer left
-//! part, the order the reference tokenizer derives from the same vocabulary.
+//! SentencePiece-style BPE (`tokenizer.ggml.model = "llama"`): spaces become
+//! `▁` (with one more in front of each stretch of text between added tokens
+//! when the file asks for a dummy prefix, as Llama's and Phi-3's do and
+//! Gemma's does not), the stretch is one word, characters outside the
+//! vocabulary fall back to `<0xXX>` byte tokens, and a pair merges when its
+//! concatenation is a token. The file lists no merges, so their order comes
+//! from the vocabulary, as the reference tokenizer derives it (see `Order`).
 
 use super::bpe::merge_word;
 use super::vocab::Vocab;
@@ -37,28 +37,94 @@ pub(crate) fn byte_token(piece: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
+/// Which merge goes first.
+#[derive(Debug, Clone)]
+pub(crate) enum Order {
+    /// The merged token's position in the file, then the longer left part:
+    /// Gemma's, whose scores do not follow its merge order.
+    Position,
+    /// The merged token's score, highest first, then the longer left part,
+    /// then the longer right part, then the merged token's position: SentencePiece's
+    /// score order with the reference's tie-breaks. Holds each token's place
+    /// among the distinct scores, best first.
+    Score(Vec<u32>),
+}
+
+impl Order {
+    /// The score order of `scores` (one per token).
+    pub(crate) fn by_score(scores: &[f64]) -> Order {
+        // -0.0 and 0.0 are one score, as Python compares them.
+        let key = |s: f64| if s == 0.0 { 0.0 } else { s };
+        let mut distinct: Vec<f64> = scores.iter().map(|&s| key(s)).collect();
+        distinct.sort_by(|a, b| b.total_cmp(a));
+        distinct.dedup();
+        let place = |s: f64| {
+            let at = distinct.partition_point(|d| d.total_cmp(&key(s)).is_gt());
+            u32::try_from(at).unwrap_or(u32::MAX)
+        };
+        Order::Score(scores.iter().map(|&s| place(s)).collect())
+    }
+
+    /// The rank of merging `left` and `right` into token `id` (lower first).
+    fn rank(&self, id: u32, left: &str, right: &str) -> u128 {
+        // A longer part ranks lower: its length's complement in the field's width.
+        let longer =
+            |len: usize, max: u32| u128::from(max - u32::try_from(len).unwrap_or(max).min(max));
+        match self {
+            Order::Position => u128::from(id) << 32 | longer(left.len(), u32::MAX),
+            Order::Score(place) => {
+                let p = place.get(id as usize).copied().unwrap_or(u32::MAX);
+                let chars = |s: &str| s.chars().count();
+                u128::from(p) << 64
+                    | longer(chars(left), 0xffff) << 48
+                    | longer(chars(right), 0xffff) << 32
+                    | u128::from(id)
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct SentencePiece {
     /// The `<0xXX>` token of each byte, when the vocabulary has it.
     byte_ids: [Option<u32>; 256],
     unk: Option<u32>,
+    /// Whether each stretch of text starts with an added `▁`.
+    dummy_prefix: bool,
+    order: Order,
 }
 
 impl SentencePiece {
-    pub(crate) fn new(vocab: &Vocab, unk: Option<u32>) -> SentencePiece {
+    pub(crate) fn new(
+        vocab: &Vocab,
+        unk: Option<u32>,
+        dummy_prefix: bool,
+        order: Order,
+    ) -> SentencePiece {
         let mut byte_ids = [None; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
             *slot = vocab.get(format!("<0x{b:02X}>").as_str());
         }
-        SentencePiece { byte_ids, unk }
+        SentencePiece {
+            byte_ids,
+            unk,
+            dummy_prefix,
+            order,
+        }
+    }
+
+    /// Whether each stretch of text starts with an added `▁`.
+    pub(crate) fn dummy_prefix(&self) -> bool {
+        self.dummy_prefix
     }
 
     /// Appends the ids of `text` (no added tokens in it) to `out`.
     pub(crate) fn encode(&self, text: &str, vocab: &Vocab, out: &mut Vec<u32>) {
-        let mut word: Vec<u32> = Vec::with_capacity(text.len());
+        let mut word: Vec<u32> = Vec::with_capacity(text.len() + 1);
         let mut buf = [0u8; 4];
         let mut last_unk = false;
-        for c in text.chars() {
+        let prefix = (self.dummy_prefix && !text.is_empty()).then_some(' ');
+        for c in prefix.into_iter().chain(text.chars()) {
             let c = if c == ' ' { META } else { c };
             if let Some(id) = vocab.get(c.encode_utf8(&mut buf)) {
                 word.push(id);
@@ -91,8 +157,7 @@ impl SentencePiece {
             scratch.push_str(pa);
             scratch.push_str(pb);
             let id = vocab.get(scratch.as_str())?;
-            let left = u32::try_from(pa.len()).unwrap_or(u32::MAX);
-            Some((u64::from(id) << 32 | u64::from(u32::MAX - left), id))
+            Some((self.order.rank(id, pa, pb), id))
         };
         merge_word(&mut word, &mut merge);
         out.extend_from_slice(&word);
