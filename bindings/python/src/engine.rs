@@ -8,7 +8,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use numpy::{PyArray2, PyArrayMethods};
 use offgraph_kv::{KvDtype, LayerPolicy};
+use offgraph_kv_engine::gguf::GgufFile;
 use offgraph_kv_engine::model::family;
+use offgraph_kv_engine::tokenizer::Tokenizer;
 use offgraph_kv_engine::{EngineError, Model};
 use pyo3::prelude::*;
 
@@ -177,7 +179,7 @@ impl PyGgufModel {
     #[getter]
     fn tokenizer(&self) -> PyGgufTokenizer {
         PyGgufTokenizer {
-            model: Arc::clone(&self.model),
+            source: Source::Model(Arc::clone(&self.model)),
         }
     }
 
@@ -251,27 +253,59 @@ impl PyGgufModel {
     }
 }
 
-/// The tokenizer of a `GgufModelCore` (see `offgraph_kv.engine.GgufTokenizer`).
+/// Where a tokenizer lives: in a model, or alone (a file opened for its
+/// tokenizer only, which needs no weights).
+#[derive(Clone)]
+enum Source {
+    Model(Shared),
+    Alone(Arc<Tokenizer>),
+}
+
+impl Source {
+    fn with<R>(&self, f: impl FnOnce(&Tokenizer) -> R) -> R {
+        match self {
+            Source::Model(m) => f(read(m).tokenizer()),
+            Source::Alone(t) => f(t),
+        }
+    }
+}
+
+/// The tokenizer of a `GgufModelCore` (see `offgraph_kv.engine.GgufTokenizer`),
+/// or of a GGUF file's metadata alone (`GgufTokenizerCore.open`).
 #[pyclass(module = "offgraph_kv._native", name = "GgufTokenizerCore", frozen)]
 pub struct PyGgufTokenizer {
-    model: Shared,
+    source: Source,
 }
 
 #[pymethods]
 impl PyGgufTokenizer {
+    /// The tokenizer a GGUF file's metadata describes, without its weights
+    /// (a file may hold no tensors at all).
+    #[staticmethod]
+    fn open(py: Python<'_>, path: &str) -> PyResult<PyGgufTokenizer> {
+        let path = path.to_owned();
+        let tok = py
+            .detach(move || {
+                GgufFile::open(&path).and_then(|f| Tokenizer::from_metadata(f.metadata()))
+            })
+            .py_engine()?;
+        Ok(PyGgufTokenizer {
+            source: Source::Alone(Arc::new(tok)),
+        })
+    }
+
     #[pyo3(signature = (text, add_special_tokens=true))]
     fn encode(&self, py: Python<'_>, text: &str, add_special_tokens: bool) -> Vec<u32> {
-        let model = Arc::clone(&self.model);
+        let source = self.source.clone();
         let text = text.to_owned();
-        py.detach(move || read(&model).tokenizer().encode(&text, add_special_tokens))
+        py.detach(move || source.with(|t| t.encode(&text, add_special_tokens)))
     }
 
     #[pyo3(signature = (ids, skip_special_tokens=false))]
     fn decode(&self, ids: &Bound<'_, PyAny>, skip_special_tokens: bool) -> PyResult<String> {
         let ids = ids_of(ids, "ids")?;
-        read(&self.model)
-            .tokenizer()
-            .decode(&ids, skip_special_tokens)
+        self.source
+            .with(|t| t.decode(&ids, skip_special_tokens))
             .py_engine()
     }
 
@@ -282,46 +316,43 @@ impl PyGgufTokenizer {
         id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let id = ids_of(&pyo3::types::PyList::new(py, [id])?.into_any(), "id")?;
-        let b = read(&self.model)
-            .tokenizer()
-            .token_bytes(id.first().copied().unwrap_or(0))
+        let b = self
+            .source
+            .with(|t| t.token_bytes(id.first().copied().unwrap_or(0)))
             .py_engine()?;
         Ok(pyo3::types::PyBytes::new(py, &b))
     }
 
     fn token_to_id(&self, piece: &str) -> Option<u32> {
-        read(&self.model).tokenizer().token_id(piece)
+        self.source.with(|t| t.token_id(piece))
     }
 
     fn is_special(&self, id: u32) -> bool {
-        read(&self.model).tokenizer().is_special(id)
+        self.source.with(|t| t.is_special(id))
     }
 
     #[getter]
     fn vocab_size(&self) -> usize {
-        read(&self.model).tokenizer().vocab_size()
+        self.source.with(|t| t.vocab_size())
     }
 
     #[getter]
     fn bos_token_id(&self) -> Option<u32> {
-        read(&self.model).tokenizer().bos()
+        self.source.with(|t| t.bos())
     }
 
     #[getter]
     fn eos_token_id(&self) -> Option<u32> {
-        read(&self.model).tokenizer().eos()
+        self.source.with(|t| t.eos())
     }
 
     #[getter]
     fn add_bos(&self) -> bool {
-        read(&self.model).tokenizer().add_bos()
+        self.source.with(|t| t.add_bos())
     }
 
     #[getter]
     fn chat_template(&self) -> Option<String> {
-        read(&self.model)
-            .tokenizer()
-            .chat_template()
-            .map(str::to_owned)
+        self.source.with(|t| t.chat_template().map(str::to_owned))
     }
 }
