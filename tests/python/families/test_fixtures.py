@@ -4,8 +4,11 @@ the family's parameters the checkpoint sets (the session's own conversions; no e
 import pytest
 from gguf import GGUFReader
 
+from .conftest import TYPES
 from .variants import GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, GEMMA2_WINDOW, VARIANTS
 
+# llama.cpp's file types for the conftest's TYPES (F16, Q8_0).
+FILE_TYPES = (1, 7)
 # Metadata each family's file must carry (keys under the architecture's prefix), and the BPE
 # pre-tokenizer it names ("default": a SentencePiece vocabulary).
 EXPECTED = {
@@ -26,9 +29,11 @@ def test_variant_converts_to_its_family(name, variant_factory):
     variant = variant_factory(name)
     # A real model's predictions: they vary along the text.
     assert len(set(variant.hf_logits.argmax(-1).tolist())) > 20
-    fields = GGUFReader(variant.gguf("f16")).fields
     arch = VARIANTS[name].arch
-    assert fields["general.architecture"].contents() == arch
+    for outtype, file_type in zip(TYPES, FILE_TYPES, strict=True):
+        fields = GGUFReader(variant.gguf(outtype)).fields
+        assert fields["general.architecture"].contents() == arch
+        assert fields["general.file_type"].contents() == file_type
     keys, pre = EXPECTED.get(name, ({}, "smollm"))
     assert fields["tokenizer.ggml.pre"].contents() == pre
     for key, want in keys.items():
