@@ -85,28 +85,72 @@ fn tiny(arch: &str) -> GgufBuilder {
     let mut t = vec![
         f32_tensor("token_embd.weight", &[E, n_vocab], 1),
         f32_tensor("output_norm.weight", &[E], 2),
-        f32_tensor("blk.0.attn_norm.weight", &[E], 3),
-        f32_tensor("blk.0.attn_q.weight", &[E, q], 4),
-        f32_tensor("blk.0.attn_k.weight", &[E, D], 5),
-        f32_tensor("blk.0.attn_v.weight", &[E, D], 6),
         f32_tensor("blk.0.attn_output.weight", &[q, E], 7),
-        f32_tensor("blk.0.ffn_norm.weight", &[E], 8),
-        f32_tensor("blk.0.ffn_gate.weight", &[E, FF], 9),
-        f32_tensor("blk.0.ffn_up.weight", &[E, FF], 10),
         f32_tensor("blk.0.ffn_down.weight", &[FF, E], 11),
     ];
-    if arch == "gemma3" {
-        b = b.kv(&k("attention.sliding_window"), Value::U32(16));
-        t.push(f32_tensor("blk.0.attn_q_norm.weight", &[D], 12));
-        t.push(f32_tensor("blk.0.attn_k_norm.weight", &[D], 13));
+    // Each family's layout, as its converter writes it.
+    if arch == "phi3" {
+        t.push(f32_tensor("blk.0.attn_qkv.weight", &[E, q + 2 * D], 4));
+        t.push(f32_tensor("blk.0.ffn_up.weight", &[E, 2 * FF], 9));
+        b = b.kv(&k("rope.dimension_count"), Value::U32(D as u32 / 2));
+    } else {
+        t.push(f32_tensor("blk.0.attn_q.weight", &[E, q], 4));
+        t.push(f32_tensor("blk.0.attn_k.weight", &[E, D], 5));
+        t.push(f32_tensor("blk.0.attn_v.weight", &[E, D], 6));
+        t.push(f32_tensor("blk.0.ffn_gate.weight", &[E, FF], 9));
+        t.push(f32_tensor("blk.0.ffn_up.weight", &[E, FF], 10));
+    }
+    if arch != "olmo2" {
+        t.push(f32_tensor("blk.0.attn_norm.weight", &[E], 3));
+        t.push(f32_tensor("blk.0.ffn_norm.weight", &[E], 8));
+    }
+    if matches!(arch, "gemma3" | "gemma2" | "olmo2") {
         t.push(f32_tensor("blk.0.post_attention_norm.weight", &[E], 14));
         t.push(f32_tensor("blk.0.post_ffw_norm.weight", &[E], 15));
+    }
+    match arch {
+        "gemma3" | "qwen3" => {
+            t.push(f32_tensor("blk.0.attn_q_norm.weight", &[D], 12));
+            t.push(f32_tensor("blk.0.attn_k_norm.weight", &[D], 13));
+        }
+        "olmo2" => {
+            t.push(f32_tensor("blk.0.attn_q_norm.weight", &[q], 12));
+            t.push(f32_tensor("blk.0.attn_k_norm.weight", &[D], 13));
+        }
+        "qwen2" => {
+            t.push(f32_tensor("blk.0.attn_q.bias", &[q], 16));
+            t.push(f32_tensor("blk.0.attn_k.bias", &[D], 17));
+            t.push(f32_tensor("blk.0.attn_v.bias", &[D], 18));
+        }
+        _ => {}
+    }
+    match arch {
+        "gemma3" => b = b.kv(&k("attention.sliding_window"), Value::U32(16)),
+        "gemma2" => {
+            b = b
+                .kv(&k("attention.sliding_window"), Value::U32(2))
+                .kv(&k("attn_logit_softcapping"), Value::F32(50.0))
+                .kv(&k("final_logit_softcapping"), Value::F32(30.0))
+        }
+        "granite" => {
+            b = b
+                .kv(&k("embedding_scale"), Value::F32(12.0))
+                .kv(&k("residual_scale"), Value::F32(0.22))
+                .kv(&k("attention.scale"), Value::F32(0.0078125))
+                .kv(&k("logit_scale"), Value::F32(8.0))
+        }
+        _ => {}
     }
     for x in t {
         b = b.tensor(x);
     }
     b
 }
+
+/// Every family the registry holds, by architecture name.
+const FAMILIES: [&str; 8] = [
+    "llama", "gemma3", "gemma2", "qwen2", "qwen3", "phi3", "granite", "olmo2",
+];
 
 fn open(tag: &str, b: &GgufBuilder) -> Result<Model, EngineError> {
     let dir = std::env::temp_dir().join(format!("okv-model-families-{}", std::process::id()));
@@ -130,7 +174,7 @@ fn last_logits(m: &Model) -> Vec<f32> {
 
 #[test]
 fn tiny_files_of_each_family_open_and_run() {
-    for arch in ["llama", "gemma3"] {
+    for arch in FAMILIES {
         let m = open(arch, &tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(m.config().arch.name(), arch);
         let l = last_logits(&m);
@@ -262,6 +306,36 @@ fn what_a_family_does_not_implement_is_refused_by_name() {
             "[16, 8, 4]",
         ),
         ("gemma3", Tensor("blk.0.attn_output.bias", &[E]), "[8]"),
+        (
+            "qwen2",
+            Key("qwen2.rope.scaling.type", s("yarn")),
+            "\"yarn\"",
+        ),
+        (
+            "qwen2",
+            Key("qwen2.attention.sliding_window", Value::U32(4096)),
+            "4096",
+        ),
+        ("qwen3", Tensor("blk.0.attn_q.bias", &[HEADS * D]), "[8]"),
+        ("qwen3", Key("qwen3.expert_count", Value::U32(8)), "8"),
+        ("phi3", Tensor("rope_factors_long.weight", &[D / 4]), "[1]"),
+        (
+            "phi3",
+            Tensor("blk.0.attn_q.weight", &[E, HEADS * D]),
+            "[8, 8]",
+        ),
+        ("gemma2", Tensor("blk.0.attn_q_norm.weight", &[D]), "[4]"),
+        (
+            "granite",
+            Key("granite.attn_logit_softcapping", Value::F32(50.0)),
+            "50",
+        ),
+        ("olmo2", Tensor("blk.0.attn_norm.weight", &[E]), "[8]"),
+        (
+            "olmo2",
+            Key("olmo2.rope.scaling.type", s("yarn")),
+            "\"yarn\"",
+        ),
     ];
     for (i, (arch, extra, value)) in cases.into_iter().enumerate() {
         let (b, name) = match extra {
@@ -275,6 +349,42 @@ fn what_a_family_does_not_implement_is_refused_by_name() {
                 assert!(m.contains(value), "{name}: value {value} not in {m}");
             }
             other => panic!("{arch} + {name}: expected Unsupported, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn malformed_family_values_are_refused() {
+    let pattern = |n: usize| Value::Array(vec![Value::Bool(true); n]);
+    let cases: Vec<(&str, &str, Value)> = vec![
+        ("phi3", "phi3.rope.dimension_count", Value::U32(3)),
+        (
+            "phi3",
+            "phi3.rope.dimension_count",
+            Value::U32(D as u32 + 2),
+        ),
+        ("gemma2", "gemma2.attn_logit_softcapping", Value::F32(-1.0)),
+        ("gemma2", "gemma2.attention.sliding_window", Value::U32(0)),
+        ("granite", "granite.logit_scale", Value::F32(0.0)),
+        ("granite", "granite.attention.scale", Value::F32(f32::NAN)),
+        (
+            "olmo2",
+            "olmo2.attention.sliding_window_pattern",
+            pattern(2),
+        ),
+        (
+            "olmo2",
+            "olmo2.attention.sliding_window_pattern",
+            pattern(1),
+        ),
+    ];
+    for (arch, k, v) in cases {
+        let shown = format!("{v:?}");
+        let mut b = tiny(arch);
+        b.kvs.retain(|(key, _)| key != k);
+        match open("malformed", &b.kv(k, v)) {
+            Err(EngineError::Model(m)) => assert!(m.contains(k), "{k}: {m}"),
+            other => panic!("{arch} + {k} = {shown}: expected a Model error, got {other:?}"),
         }
     }
 }

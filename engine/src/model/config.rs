@@ -16,6 +16,16 @@ pub enum RopeStyle {
     HalfSplit,
 }
 
+/// Where q and k are RMS-normalised before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Each head over `head_dim` values (Gemma 3, Qwen 3).
+    PerHead,
+    /// The whole projection, `q_dim` and `kv_dim` values (OLMo 2).
+    Whole,
+}
+
 /// The gate's activation in the feed-forward (`act(gate) * up`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
@@ -49,11 +59,31 @@ pub struct ModelConfig {
     /// Multiplier of the token embeddings (Gemma: `sqrt(n_embd)`).
     pub embed_scale: f32,
     pub activation: Activation,
-    /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`).
-    pub qk_norm: bool,
+    /// RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: QkNorm,
+    /// RMSNorm of the layer input before attention and before the
+    /// feed-forward (`attn_norm`, `ffn_norm`); OLMo 2 has none.
+    pub pre_norms: bool,
     /// RMSNorm of the attention and feed-forward outputs before their
     /// residual adds (`post_attention_norm`, `post_ffw_norm`).
     pub sandwich_norms: bool,
+    /// Biases of the q, k and v projections (`attn_{q,k,v}.bias`, Qwen 2).
+    pub qkv_bias: bool,
+    /// q, k and v in one matrix of `q_dim + 2 kv_dim` rows (`attn_qkv`, Phi-3).
+    pub fused_qkv: bool,
+    /// Gate and up in one matrix of `2 n_ff` rows, gate first (`ffn_up`, Phi-3).
+    pub fused_gate_up: bool,
+    /// Leading dimensions of a head that RoPE rotates (the rest pass through):
+    /// `head_dim` unless the family rotates part of it (Phi-4-mini).
+    pub rope_dims: usize,
+    /// Multiplier of each block's output before its residual add (Granite).
+    pub residual_scale: f32,
+    /// Divisor of the logits (Granite's `logits_scaling`).
+    pub logit_scale: f32,
+    /// Attention scores capped as `c·tanh(s/c)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits capped the same way (Gemma 2).
+    pub final_softcap: Option<f32>,
     /// Linear RoPE scaling of full-attention layers: positions are divided
     /// by it (1 without scaling).
     pub rope_linear: f32,

@@ -112,7 +112,7 @@ impl Ctx<'_> {
         let cfg = self.cfg;
         let (t, e) = (tokens.len(), cfg.n_embd);
         self.embed(tokens, sized(&mut s.x, t * e))?;
-        let d = cfg.head_dim;
+        let d = cfg.rope_dims;
         // Scaling (linear factor, llama3 divisors) applies to full-attention layers.
         let full = RopeFreqs {
             base: cfg.rope_base,
@@ -167,7 +167,7 @@ impl Ctx<'_> {
         let (e, d, qd, kd) = (cfg.n_embd, cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
         let x = sized(&mut s.x, t * e);
         let h = sized(&mut s.h, t * e);
-        rms_norm_into(x, &lw.attn_norm, cfg.eps, h);
+        pre_norm(x, lw.attn_norm.as_deref(), cfg.eps, h);
         let (wq, wk, wv) = (
             Weights::matrix(self.file, &lw.wq)?,
             Weights::matrix(self.file, &lw.wk)?,
@@ -178,6 +178,12 @@ impl Ctx<'_> {
         let v = sized(&mut s.v, t * kd);
         let qkv: &mut [&mut [f32]] = &mut [&mut *q, &mut *k, &mut *v];
         self.mm_many(&[&wq, &wk, &wv], h, t, qkv, &mut s.row)?;
+        for (out, bias) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
+            if let Some(b) = bias {
+                add_rows(out, b);
+            }
+        }
+        // Per head or over the whole projection: the weight's length says which.
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             rms_norm_in_place(q, qn, cfg.eps);
             rms_norm_in_place(k, kn, cfg.eps);
@@ -188,8 +194,9 @@ impl Ctx<'_> {
             } else {
                 (&s.cos_g, &s.sin_g)
             };
-        rope_in_place(q, t, d, cfg.rope_style, cos, sin);
-        rope_in_place(k, t, d, cfg.rope_style, cos, sin);
+        let rot = cfg.rope_dims;
+        rope_in_place(q, t, d, rot, cfg.rope_style, cos, sin);
+        rope_in_place(k, t, d, rot, cfg.rope_style, cos, sin);
         let qh = sized(&mut s.qh, t * qd);
         let kh = sized(&mut s.kh, t * kd);
         let vh = sized(&mut s.vh, t * kd);
@@ -201,6 +208,7 @@ impl Ctx<'_> {
             let spec = cache.update(layer, kh, vh)?;
             let opts = AttendOptions {
                 scale: Some(cfg.attn_scale),
+                softcap: cfg.attn_softcap,
                 threads: Some(self.threads),
                 ..AttendOptions::default()
             };
@@ -214,7 +222,7 @@ impl Ctx<'_> {
         if let Some(w) = &lw.post_attn_norm {
             rms_norm_in_place(proj, w, cfg.eps);
         }
-        add(sized(&mut s.x, t * e), &s.proj);
+        add_scaled(sized(&mut s.x, t * e), &s.proj, cfg.residual_scale);
         Ok(())
     }
 
@@ -222,7 +230,7 @@ impl Ctx<'_> {
         let cfg = self.cfg;
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let h = sized(&mut s.h, t * e);
-        rms_norm_into(sized(&mut s.x, t * e), &lw.ffn_norm, cfg.eps, h);
+        pre_norm(sized(&mut s.x, t * e), lw.ffn_norm.as_deref(), cfg.eps, h);
         let (wg, wu) = (
             Weights::matrix(self.file, &lw.gate)?,
             Weights::matrix(self.file, &lw.up)?,
@@ -237,7 +245,7 @@ impl Ctx<'_> {
         if let Some(w) = &lw.post_ffn_norm {
             rms_norm_in_place(proj, w, cfg.eps);
         }
-        add(sized(&mut s.x, t * e), &s.proj);
+        add_scaled(sized(&mut s.x, t * e), &s.proj, cfg.residual_scale);
         Ok(())
     }
 
@@ -258,12 +266,37 @@ impl Ctx<'_> {
             let w = Weights::matrix(self.file, &self.w.output)?;
             self.mm(&w, last, rows.len(), &mut out, &mut s.row)?;
         }
+        if cfg.logit_scale != 1.0 {
+            let inv = 1.0 / cfg.logit_scale;
+            out.iter_mut().for_each(|v| *v *= inv);
+        }
+        if let Some(cap) = cfg.final_softcap {
+            out.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        }
         Ok(out)
     }
 }
 
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
+/// `h` = `x` normalised by `w`, or `x` itself where the family has no pre-norm.
+fn pre_norm(x: &[f32], w: Option<&[f32]>, eps: f32, h: &mut [f32]) {
+    match w {
+        Some(w) => rms_norm_into(x, w, eps, h),
+        None => h.copy_from_slice(x),
+    }
+}
+
+/// `x += scale · y` (scale 1 adds exactly).
+fn add_scaled(x: &mut [f32], y: &[f32], scale: f32) {
+    if scale == 1.0 {
+        x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
+    } else {
+        x.iter_mut().zip(y).for_each(|(a, &b)| *a += scale * b);
+    }
+}
+
+/// Adds `b` to every row of `x` (rows of `b.len()` values).
+fn add_rows(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len().max(1)) {
+        row.iter_mut().zip(b).for_each(|(a, &c)| *a += c);
     }
 }

@@ -96,19 +96,21 @@ pub fn rope_table(
     }
 }
 
-/// Rotates `x` (`[T, n_heads * head_dim]`, token-major) by the table of
-/// [`rope_table`] for those T tokens.
+/// Rotates the first `rot` dimensions of every head of `x` (`[T, n_heads *
+/// head_dim]`, token-major) by the table [`rope_table`] made for `rot`
+/// dimensions and those T tokens; the other `head_dim - rot` pass through.
 pub fn rope_in_place(
     x: &mut [f32],
     t: usize,
     head_dim: usize,
+    rot: usize,
     style: RopeStyle,
     cos: &[f32],
     sin: &[f32],
 ) {
-    let half = head_dim / 2;
+    let half = rot.min(head_dim) / 2;
     let width = x.len() / t.max(1);
-    if half == 0 || width == 0 {
+    if half == 0 || width == 0 || head_dim == 0 {
         return;
     }
     for ((tok, c), s) in x
@@ -116,7 +118,11 @@ pub fn rope_in_place(
         .zip(cos.chunks_exact(half))
         .zip(sin.chunks_exact(half))
     {
-        for head in tok.chunks_exact_mut(head_dim) {
+        for whole in tok.chunks_exact_mut(head_dim) {
+            let head = match whole.get_mut(..2 * half) {
+                Some(h) => h,
+                None => continue,
+            };
             match style {
                 RopeStyle::Adjacent => {
                     for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(c).zip(s) {
@@ -211,6 +217,7 @@ mod tests {
                 &mut got,
                 positions.len(),
                 d,
+                d,
                 RopeStyle::Adjacent,
                 &cos,
                 &sin,
@@ -241,5 +248,26 @@ mod tests {
             assert!((a - b).abs() < 1e-6, "{a} vs {b}");
         }
         assert!((c4[0] - 1.0).abs() > 0.1, "position 2 turns pair 0 visibly");
+    }
+
+    #[test]
+    fn partial_rotary_turns_the_leading_dimensions_only() {
+        // Two heads of 8 with 4 rotated dims: each head's first 4 values turn
+        // as a head of 4 would (rotate-half within them), the last 4 pass.
+        let (d, rot, pos) = (8, 4, [3usize]);
+        let x: Vec<f32> = (0..2 * d).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        rope_table(&pos, rot, &RopeFreqs::plain(10_000.0), &mut cos, &mut sin);
+        assert_eq!(cos.len(), rot / 2);
+        let mut got = x.clone();
+        rope_in_place(&mut got, 1, d, rot, RopeStyle::HalfSplit, &cos, &sin);
+        for h in 0..2 {
+            let head = &x[h * d..(h + 1) * d];
+            let mut small = head[..rot].to_vec();
+            rope_in_place(&mut small, 1, rot, rot, RopeStyle::HalfSplit, &cos, &sin);
+            assert_eq!(&got[h * d..h * d + rot], &small[..]);
+            assert_eq!(&got[h * d + rot..(h + 1) * d], &head[rot..]);
+            assert_ne!(&got[h * d..h * d + rot], &head[..rot]);
+        }
     }
 }

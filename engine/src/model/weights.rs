@@ -1,43 +1,52 @@
 //! The tensors a family's forward reads, found and shape-checked at open.
 //!
-//! The plan is the Llama layer plus what the config's knobs add (QK norms,
-//! sandwich norms, `rope_freqs.weight`); every other tensor in the file is
+//! The plan is the Llama layer plus what the config's knobs add or change
+//! (QK norms, pre- and sandwich norms, q/k/v biases, fused q/k/v and
+//! gate/up matrices, `rope_freqs.weight`); every other tensor in the file is
 //! refused, since the forward would silently ignore it.
 //!
 //! Matrices stay in the file: a [`MatRef`] names its tensor, and the forward
 //! takes a view of the mapping per call ([`Weights::matrix`]), so no weight
 //! byte is ever copied. Norm vectors are decoded to f32 once (a few KB).
 
-use super::config::ModelConfig;
+use super::config::{ModelConfig, QkNorm};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::quant::QMatrix;
 use crate::GgmlType;
 use std::collections::HashSet;
 
-/// A matrix of `rows` outputs by `cols` inputs stored in the file.
+/// A matrix of `rows` outputs by `cols` inputs stored in the file: rows
+/// `row0..row0 + rows` of its tensor (a part of a fused matrix, or all of one).
 #[derive(Debug, Clone)]
 pub struct MatRef {
     pub name: String,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    pub row0: usize,
 }
 
 /// One decoder layer's weights.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    /// The norms of the layer input (absent in OLMo 2).
+    pub attn_norm: Option<Vec<f32>>,
     pub wq: MatRef,
     pub wk: MatRef,
     pub wv: MatRef,
     pub wo: MatRef,
-    /// Gemma 3: per-head RMSNorm weights of q and k (`head_dim` each).
+    /// Qwen 2: biases of q, k and v.
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    /// RMSNorm weights of q and k: `head_dim` each (per head) or the whole
+    /// projection's width (OLMo 2).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    /// Gemma 3: the norm of the attention output before its residual add.
+    /// Gemma, OLMo 2: the norm of the attention output before its residual add.
     pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
+    pub ffn_norm: Option<Vec<f32>>,
     pub gate: MatRef,
     pub up: MatRef,
     pub down: MatRef,
@@ -92,21 +101,48 @@ impl Weights {
             _ => None,
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
+        let (qd, kd) = (cfg.q_dim(), cfg.kv_dim());
+        let (qn, kn) = match cfg.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead => (Some(cfg.head_dim), Some(cfg.head_dim)),
+            QkNorm::Whole => (Some(qd), Some(kd)),
+        };
         for i in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
-            let d = cfg.head_dim;
+            let b = |s: &str| format!("blk.{i}.{s}.bias");
+            let [wq, wk, wv] = if cfg.fused_qkv {
+                p.fused(&n("attn_qkv"), [qd, kd, kd], e)?
+            } else {
+                [
+                    p.matrix(&n("attn_q"), qd, e)?,
+                    p.matrix(&n("attn_k"), kd, e)?,
+                    p.matrix(&n("attn_v"), kd, e)?,
+                ]
+            };
+            let [gate, up] = if cfg.fused_gate_up {
+                p.fused(&n("ffn_up"), [ff, ff], e)?
+            } else {
+                [
+                    p.matrix(&n("ffn_gate"), ff, e)?,
+                    p.matrix(&n("ffn_up"), ff, e)?,
+                ]
+            };
+            let bias = cfg.qkv_bias;
             layers.push(LayerWeights {
-                attn_norm: p.norm(&n("attn_norm"), e)?,
-                wq: p.matrix(&n("attn_q"), cfg.q_dim(), e)?,
-                wk: p.matrix(&n("attn_k"), cfg.kv_dim(), e)?,
-                wv: p.matrix(&n("attn_v"), cfg.kv_dim(), e)?,
-                wo: p.matrix(&n("attn_output"), e, cfg.q_dim())?,
-                q_norm: p.opt_norm(cfg.qk_norm, &n("attn_q_norm"), d)?,
-                k_norm: p.opt_norm(cfg.qk_norm, &n("attn_k_norm"), d)?,
+                attn_norm: p.opt_norm(cfg.pre_norms, &n("attn_norm"), e)?,
+                wq,
+                wk,
+                wv,
+                wo: p.matrix(&n("attn_output"), e, qd)?,
+                bq: p.opt_vector(bias, &b("attn_q"), qd)?,
+                bk: p.opt_vector(bias, &b("attn_k"), kd)?,
+                bv: p.opt_vector(bias, &b("attn_v"), kd)?,
+                q_norm: qn.map(|d| p.norm(&n("attn_q_norm"), d)).transpose()?,
+                k_norm: kn.map(|d| p.norm(&n("attn_k_norm"), d)).transpose()?,
                 post_attn_norm: p.opt_norm(cfg.sandwich_norms, &n("post_attention_norm"), e)?,
-                ffn_norm: p.norm(&n("ffn_norm"), e)?,
-                gate: p.matrix(&n("ffn_gate"), ff, e)?,
-                up: p.matrix(&n("ffn_up"), ff, e)?,
+                ffn_norm: p.opt_norm(cfg.pre_norms, &n("ffn_norm"), e)?,
+                gate,
+                up,
                 down: p.matrix(&n("ffn_down"), e, ff)?,
                 post_ffn_norm: p.opt_norm(cfg.sandwich_norms, &n("post_ffw_norm"), e)?,
             });
@@ -134,7 +170,22 @@ impl Weights {
     /// A view of `m`'s bytes in the mapping.
     pub fn matrix<'f>(file: &'f GgufFile, m: &MatRef) -> Result<QMatrix<'f>> {
         let t = file.tensor(&m.name)?;
-        QMatrix::new(m.ty, m.rows, m.cols, t.data)
+        let rb = usize::try_from(m.ty.row_bytes(m.cols as u64)?)
+            .map_err(|_| EngineError::Model(format!("tensor {:?}: rows too long", m.name)))?;
+        let part = m
+            .row0
+            .checked_mul(rb)
+            .zip(m.rows.checked_mul(rb))
+            .and_then(|(lo, n)| t.data.get(lo..lo.checked_add(n)?))
+            .ok_or_else(|| {
+                EngineError::Model(format!(
+                    "tensor {:?}: rows {}..{} beyond the tensor",
+                    m.name,
+                    m.row0,
+                    m.row0 + m.rows
+                ))
+            })?;
+        QMatrix::new(m.ty, m.rows, m.cols, part)
     }
 }
 
@@ -181,6 +232,32 @@ impl Plan<'_> {
         }
     }
 
+    /// A bias vector: read as a norm is (`n` values decoded to f32).
+    fn opt_vector(&mut self, wanted: bool, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        self.opt_norm(wanted, name, n)
+    }
+
+    /// The `N` consecutive row blocks of `parts` rows of the fused matrix
+    /// `name` (`sum(parts)` x `cols`), each a view of its rows.
+    fn fused<const N: usize>(
+        &mut self,
+        name: &str,
+        parts: [usize; N],
+        cols: usize,
+    ) -> Result<[MatRef; N]> {
+        let whole = self.matrix(name, parts.iter().sum(), cols)?;
+        let mut row0 = 0;
+        Ok(parts.map(|rows| {
+            let m = MatRef {
+                rows,
+                row0,
+                ..whole.clone()
+            };
+            row0 += rows;
+            m
+        }))
+    }
+
     /// RoPE frequency divisors: `n` finite positive values.
     fn divisors(&mut self, name: &str, n: usize) -> Result<Vec<f32>> {
         let v = self.norm(name, n)?;
@@ -202,6 +279,7 @@ fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<MatRe
         ty: t.info.ty,
         rows,
         cols,
+        row0: 0,
     };
     QMatrix::new(m.ty, rows, cols, t.data)
         .map_err(|e| EngineError::Model(format!("tensor {name:?}: {e}")))?;

@@ -4,7 +4,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
-use crate::model::config::{Activation, ChatDefaults, Family, ModelConfig, RopeStyle};
+use crate::model::config::{Activation, ChatDefaults, Family, ModelConfig, QkNorm, RopeStyle};
 
 /// Sliding window layers: all but every sixth.
 const SLIDING_PERIOD: usize = 6;
@@ -14,7 +14,7 @@ const LOCAL_ROPE_BASE: f32 = 10_000.0;
 /// The chat format, for files that carry no template (the Gemma 3 GGUFs have
 /// none): a system message opens the first user turn; the assistant's role
 /// is "model".
-const TEMPLATE: &str = concat!(
+pub(super) const TEMPLATE: &str = concat!(
     "{{ bos_token }}",
     "{%- set ns = namespace(prefix='') -%}",
     "{%- for m in messages -%}",
@@ -67,7 +67,7 @@ fn hparams(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
     cfg.attn_scale = 1.0 / scalar.sqrt();
     cfg.embed_scale = (cfg.n_embd as f32).sqrt();
     cfg.activation = Activation::GeluTanh;
-    cfg.qk_norm = true;
+    cfg.qk_norm = QkNorm::PerHead;
     cfg.sandwich_norms = true;
     Ok(())
 }

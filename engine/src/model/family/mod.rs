@@ -14,15 +14,30 @@
 //! [`REGISTRY`] and one `mod` line below. Any knob the forward lacks is a new
 //! `ModelConfig` field that every other family leaves at its default.
 
+mod gemma2;
 mod gemma3;
+mod granite;
 mod llama;
+mod olmo2;
+mod phi3;
+mod qwen2;
+mod qwen3;
 
-use super::config::{Activation, Arch, ChatDefaults, Family, ModelConfig, RopeStyle};
+use super::config::{Activation, Arch, ChatDefaults, Family, ModelConfig, QkNorm, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::gguf::{Metadata, Value};
 
 /// Every family, looked up by `general.architecture`.
-pub static REGISTRY: &[&Family] = &[&llama::FAMILY, &gemma3::FAMILY];
+pub static REGISTRY: &[&Family] = &[
+    &llama::FAMILY,
+    &gemma3::FAMILY,
+    &gemma2::FAMILY,
+    &qwen2::FAMILY,
+    &qwen3::FAMILY,
+    &phi3::FAMILY,
+    &granite::FAMILY,
+    &olmo2::FAMILY,
+];
 
 /// Bound on every size read from metadata, so products of two stay far from
 /// overflowing (tensor shapes are checked against these sizes afterwards).
@@ -91,13 +106,15 @@ impl ModelConfig {
                  {MAX_SIZE}, got {head_dim}"
             )));
         }
-        if let Some(rd) = m.opt(&key("rope.dimension_count"), Metadata::usize)? {
-            if rd != head_dim {
-                return Err(EngineError::Unsupported(format!(
-                    "rope.dimension_count: expected the head size {head_dim} (partial rotary \
-                     embeddings are not supported), got {rd}"
-                )));
-            }
+        let rope_dims = m
+            .opt(&key("rope.dimension_count"), Metadata::usize)?
+            .unwrap_or(head_dim);
+        if rope_dims == 0 || !rope_dims.is_multiple_of(2) || rope_dims > head_dim {
+            return Err(EngineError::Model(format!(
+                "metadata {:?}: expected a nonzero even number at most the head size \
+                 {head_dim}, got {rope_dims}",
+                key("rope.dimension_count")
+            )));
         }
         // The Llama recipe; the family's hparams change what differs.
         let mut cfg = ModelConfig {
@@ -118,8 +135,17 @@ impl ModelConfig {
             windows: vec![None; n_layers],
             embed_scale: 1.0,
             activation: Activation::Silu,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            pre_norms: true,
             sandwich_norms: false,
+            qkv_bias: false,
+            fused_qkv: false,
+            fused_gate_up: false,
+            rope_dims,
+            residual_scale: 1.0,
+            logit_scale: 1.0,
+            attn_softcap: None,
+            final_softcap: None,
             rope_linear: 1.0,
             rope_freqs: false,
         };
@@ -166,6 +192,25 @@ pub fn all_turn_ends() -> Vec<&'static str> {
         }
     }
     out
+}
+
+/// An optional positive finite number (a scale, a cap).
+fn positive(m: &Metadata, key: &str) -> Result<Option<f32>> {
+    match m.opt(key, Metadata::f32)? {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(EngineError::Model(format!(
+            "metadata {key:?}: expected a positive number, got {v}"
+        ))),
+        v => Ok(v),
+    }
+}
+
+/// The family's sliding window, `None` where the file gives none or 0.
+fn window(m: &Metadata, prefix: &str) -> Result<Option<usize>> {
+    let w = m.opt(
+        &format!("{prefix}.attention.sliding_window"),
+        Metadata::usize,
+    )?;
+    Ok(w.filter(|&w| w > 0))
 }
 
 /// What a key's value must be for the key to change nothing.
