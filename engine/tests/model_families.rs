@@ -261,13 +261,13 @@ fn what_a_family_does_not_implement_is_refused_by_name() {
         ),
         (
             "gemma3",
-            Key("gemma3.rope.scaling.type", s("linear")),
-            "\"linear\"",
+            Key("gemma3.rope.scaling.type", s("yarn")),
+            "\"yarn\"",
         ),
         (
             "gemma3",
-            Key("gemma3.rope.scaling.factor", Value::F32(8.0)),
-            "8",
+            Key("gemma3.rope.scaling.attn_factor", Value::F32(0.5)),
+            "0.5",
         ),
         (
             "gemma3",
@@ -467,6 +467,19 @@ fn llama_rope_scaling_is_read() {
         tiny("llama").kv("llama.rope.scaling.factor", Value::F32(4.0)),
     );
     assert_eq!(bare, linear);
+}
+
+#[test]
+fn gemma3_scales_its_full_layers_linearly() {
+    // Gemma 3 4B and larger: `linear` with factor 8 on the full-attention layers.
+    let scaled = tiny("gemma3")
+        .kv("gemma3.rope.scaling.type", s("linear"))
+        .kv("gemma3.rope.scaling.factor", Value::F32(8.0));
+    let m = open("gemma3-linear", &scaled).unwrap();
+    assert_eq!(m.config().rope_linear, 8.0);
+    // The tiny file's one layer slides, and sliding layers are never scaled.
+    let plain = open("gemma3-plain", &tiny("gemma3")).unwrap();
+    assert_eq!(last_logits(&m), last_logits(&plain));
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! Gemma 3: GELU(tanh) gate, embeddings scaled by `sqrt(n_embd)`, QK norms,
 //! sandwich norms, rotate-half RoPE, and five sliding-window layers (with
-//! their own RoPE base) to every full-attention one.
+//! their own RoPE base) to every full-attention one, whose RoPE may be
+//! scaled linearly (4B and larger).
 
+use super::linear_scaling;
 use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
 use crate::model::config::{Activation, ChatDefaults, Family, ModelConfig, QkNorm, RopeStyle};
@@ -33,9 +35,12 @@ pub static FAMILY: Family = Family {
     archs: &["gemma3"],
     hf_model_types: &["gemma3", "gemma3_text"],
     hparams,
+    // Gemma 3 4B and larger scale the full-attention layers' RoPE linearly.
     implements: &[
         "attention.sliding_window",
         "attention.query_pre_attn_scalar",
+        "rope.scaling.type",
+        "rope.scaling.factor",
     ],
     chat: ChatDefaults {
         turn_ends: &["<end_of_turn>"],
@@ -59,6 +64,7 @@ fn hparams(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
             Metadata::f32,
         )?
         .unwrap_or(cfg.head_dim as f32);
+    linear_scaling(m, prefix, "gemma3", cfg)?;
     cfg.windows = (0..cfg.n_layers)
         .map(|i| (!(i + 1).is_multiple_of(SLIDING_PERIOD)).then_some(window))
         .collect();

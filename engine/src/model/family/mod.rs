@@ -213,6 +213,53 @@ fn window(m: &Metadata, prefix: &str) -> Result<Option<usize>> {
     Ok(w.filter(|&w| w > 0))
 }
 
+/// Reads `rope.scaling.type` and `.factor`: a linear factor (a factor
+/// without a type is linear, as the reference reads it) sets
+/// `cfg.rope_linear`; "none" takes no factor; any other type is refused,
+/// naming what `family` implements (llama also reads llama3's
+/// `rope_freqs.weight`).
+fn linear_scaling(m: &Metadata, prefix: &str, family: &str, cfg: &mut ModelConfig) -> Result<()> {
+    let type_key = format!("{prefix}.rope.scaling.type");
+    let factor_key = format!("{prefix}.rope.scaling.factor");
+    let factor = m.opt(&factor_key, Metadata::f32)?;
+    let scaling = match m.get(&type_key) {
+        Some(_) => Some(m.str(&type_key)?),
+        None => None,
+    };
+    match scaling {
+        None | Some("linear") => {
+            if let Some(f) = factor {
+                if !(f.is_finite() && f > 0.0) {
+                    return Err(EngineError::Model(format!(
+                        "metadata {factor_key:?}: expected a positive factor, got {f}"
+                    )));
+                }
+                cfg.rope_linear = f;
+            }
+        }
+        Some("none") => {
+            if let Some(f) = factor.filter(|&f| f != 1.0) {
+                return Err(EngineError::Unsupported(format!(
+                    "metadata {factor_key:?} = {f} with {type_key:?} = \"none\": a scaling \
+                     factor without a scaling"
+                )));
+            }
+        }
+        Some(other) => {
+            let v = m.get(&type_key).map_or_else(|| format!("{other:?}"), shown);
+            let what = if family == "llama" {
+                "\"linear\" and llama3's rope_freqs.weight"
+            } else {
+                "\"linear\""
+            };
+            return Err(EngineError::Unsupported(format!(
+                "metadata {type_key:?} = {v}: the {family} family implements {what} only"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What a key's value must be for the key to change nothing.
 #[derive(Clone, Copy)]
 enum Neutral {
