@@ -497,3 +497,33 @@ fn the_real_models_keep_their_chat_defaults() {
         .chat_template()
         .is_some_and(|t| t.contains("<|im_start|>")));
 }
+
+#[test]
+fn gemma2_caps_attention_scores_and_logits() {
+    let with = |attn: f32, fin: f32| {
+        let mut b = tiny("gemma2");
+        b.kvs.retain(|(k, _)| !k.ends_with("_logit_softcapping"));
+        let b = b
+            .kv("gemma2.attn_logit_softcapping", Value::F32(attn))
+            .kv("gemma2.final_logit_softcapping", Value::F32(fin));
+        last_logits(&open("gemma2-caps", &b).unwrap())
+    };
+    let wide = with(1e6, 1e6);
+    let attn = with(0.01, 1e6);
+    let fin = with(1e6, 0.5);
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    };
+    assert!(
+        diff(&wide, &attn) > 1e-4,
+        "the attention cap changes nothing"
+    );
+    assert!(
+        fin.iter().all(|v| v.abs() <= 0.5),
+        "logits beyond the final cap"
+    );
+    assert!(diff(&wide, &fin) > 1e-4);
+}

@@ -179,5 +179,7 @@ def gemma2(config: dict, state: dict, stats: Stats, embed: torch.Tensor, *, wind
            "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
            "sliding_window": window, "attn_logit_softcapping": attn_cap,
            "final_logit_softcapping": final_cap, "vocab_size": embed.shape[0],
-           "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}  # fmt: skip
+           "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+           # The converter writes no RoPE base for Gemma 2: files run at Gemma 2's 10000.
+           "rope_parameters": {**config["rope_parameters"], "rope_theta": 10_000.0}}  # fmt: skip
     return cfg, state

@@ -23,8 +23,9 @@ NEW = 8
 # Batched and one-at-a-time greedy may part only where the two tokens' logits were this close
 # (summation order differs with a step's shape; see tests/python/engine/test_engine_batch.py).
 NEAR_TIE = 0.75
-# The variants (checkpoints.VARIANTS) the engine runs today.
-CHECKED = ["llama", "llama3_rope", "linear_rope", "mistral"]
+# The variants (variants.VARIANTS): every family the engine runs.
+CHECKED = ["llama", "llama3_rope", "linear_rope", "mistral",
+           "qwen2", "qwen3", "phi3", "gemma2", "granite", "olmo2"]  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=CHECKED)
