@@ -203,8 +203,8 @@ fn what_a_family_does_not_implement_is_refused_by_name() {
     let cases: Vec<(&str, Extra, &str)> = vec![
         (
             "llama",
-            Key("llama.rope.scaling.type", s("yarn")),
-            "\"yarn\"",
+            Key("llama.rope.scaling.yarn_ext_factor", Value::F32(0.5)),
+            "0.5",
         ),
         (
             "llama",
@@ -223,7 +223,7 @@ fn what_a_family_does_not_implement_is_refused_by_name() {
         ),
         (
             "llama",
-            Key("llama.rope.scaling.yarn_beta_fast", Value::F32(32.0)),
+            Key("llama.rope.scaling.yarn_attn_factor", Value::F32(32.0)),
             "32",
         ),
         (
@@ -308,8 +308,8 @@ fn what_a_family_does_not_implement_is_refused_by_name() {
         ("gemma3", Tensor("blk.0.attn_output.bias", &[E]), "[8]"),
         (
             "qwen2",
-            Key("qwen2.rope.scaling.type", s("yarn")),
-            "\"yarn\"",
+            Key("qwen2.rope.scaling.type", s("longrope")),
+            "\"longrope\"",
         ),
         (
             "qwen2",
@@ -377,6 +377,8 @@ fn malformed_family_values_are_refused() {
             "olmo2.attention.sliding_window_pattern",
             pattern(1),
         ),
+        ("qwen3", "qwen3.rope.scaling.type", s("yarn")),
+        ("llama", "llama.rope.scaling.factor", Value::F32(0.0)),
     ];
     for (arch, k, v) in cases {
         let shown = format!("{v:?}");
@@ -467,6 +469,23 @@ fn llama_rope_scaling_is_read() {
         tiny("llama").kv("llama.rope.scaling.factor", Value::F32(4.0)),
     );
     assert_eq!(bare, linear);
+    // YaRN (Qwen 2.5 / 3 long context): read with its defaults, and it turns the logits.
+    let yarn = |f: f32| {
+        tiny("llama")
+            .kv("llama.rope.scaling.type", s("yarn"))
+            .kv("llama.rope.scaling.factor", Value::F32(f))
+            .kv("llama.rope.scaling.original_context_length", Value::U32(64))
+    };
+    let m = open("yarn", &yarn(4.0)).unwrap();
+    let y = m.config().rope_yarn.unwrap();
+    assert_eq!((y.factor, y.original_context), (4.0, 64));
+    assert_eq!((y.beta_fast, y.beta_slow), (32.0, 1.0));
+    assert_ne!(last_logits(&m), base);
+    assert_eq!(
+        with("yarn1", yarn(1.0)),
+        base,
+        "factor 1 is the plain model"
+    );
 }
 
 #[test]

@@ -16,6 +16,19 @@ pub enum RopeStyle {
     HalfSplit,
 }
 
+/// YaRN RoPE scaling as the reference defines it: each pair's frequency
+/// blends the original (fast pairs) and the one divided by `factor` (slow
+/// pairs) along a ramp between the pairs that turn `beta_fast` and
+/// `beta_slow` times over `original_context` positions; cos and sin are
+/// multiplied by `0.1 ln(factor) + 1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub original_context: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
 /// Where q and k are RMS-normalised before RoPE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QkNorm {
@@ -87,6 +100,8 @@ pub struct ModelConfig {
     /// Linear RoPE scaling of full-attention layers: positions are divided
     /// by it (1 without scaling).
     pub rope_linear: f32,
+    /// YaRN scaling of full-attention layers (Qwen 2.5 / 3 long-context files).
+    pub rope_yarn: Option<Yarn>,
     /// Whether the plan reads an optional `rope_freqs.weight`: per-dimension
     /// divisors of the full-attention layers' RoPE frequencies (llama3 scaling).
     pub rope_freqs: bool,

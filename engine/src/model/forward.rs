@@ -118,6 +118,7 @@ impl Ctx<'_> {
             base: cfg.rope_base,
             linear: cfg.rope_linear,
             divisors: self.w.rope_freqs.as_deref(),
+            yarn: cfg.rope_yarn,
         };
         rope_table(positions, d, &full, &mut s.cos_g, &mut s.sin_g);
         if self.uses_local_table() {
@@ -139,6 +140,7 @@ impl Ctx<'_> {
         cfg.windows.iter().any(Option::is_some)
             && (cfg.rope_base_local != cfg.rope_base
                 || cfg.rope_linear != 1.0
+                || cfg.rope_yarn.is_some()
                 || self.w.rope_freqs.is_some())
     }
 

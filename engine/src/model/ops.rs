@@ -5,7 +5,7 @@
 //! a multiple of it is handled by `chunks_exact` (the tail is ignored, which
 //! the callers rule out by construction).
 
-use super::config::RopeStyle;
+use super::config::{RopeStyle, Yarn};
 
 /// `out = x / rms(x) * w` for each row of `w.len()` values of `x`.
 pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -49,6 +49,7 @@ pub struct RopeFreqs<'a> {
     pub linear: f32,
     /// Per-pair divisors (`rope_freqs.weight`, llama3 scaling), `d / 2` of them.
     pub divisors: Option<&'a [f32]>,
+    pub yarn: Option<Yarn>,
 }
 
 impl RopeFreqs<'_> {
@@ -57,8 +58,30 @@ impl RopeFreqs<'_> {
             base,
             linear: 1.0,
             divisors: None,
+            yarn: None,
         }
     }
+}
+
+/// YaRN's blend of pair `i`'s frequency `f` (of `half` pairs): the
+/// reference's ramp between the pairs at which `beta_fast` and `beta_slow`
+/// turns fit in the original context (floored and ceiled), computed in f64.
+fn yarn_freq(y: &Yarn, f: f32, i: usize, half: usize, base: f32) -> f32 {
+    let dim = (2 * half) as f64;
+    let ctx = y.original_context as f64;
+    let at = |turns: f32| {
+        let turns = f64::from(turns);
+        dim * (ctx / (turns * 2.0 * std::f64::consts::PI)).ln() / (2.0 * f64::from(base).ln())
+    };
+    let low = at(y.beta_fast).floor().max(0.0);
+    let mut high = at(y.beta_slow).ceil().min(dim - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0) as f32;
+    // Written from the interpolated end so that a factor of 1 is `f` exactly.
+    let fi = f / y.factor;
+    fi + (f - fi) * (1.0 - ramp)
 }
 
 /// Cosines and sines of a RoPE table: for each token, `head_dim / 2` angles
@@ -84,14 +107,23 @@ pub fn rope_table(
                 .and_then(|d| d.get(i))
                 .copied()
                 .unwrap_or(1.0);
+            let f = match &freqs.yarn {
+                Some(y) => yarn_freq(y, f, i, half, freqs.base),
+                None => f,
+            };
             f / div / freqs.linear
         })
         .collect();
+    // YaRN scales cos and sin (so q·k by its square), as the reference does.
+    let m = match &freqs.yarn {
+        Some(y) if y.factor > 1.0 => 0.1 * y.factor.ln() + 1.0,
+        _ => 1.0,
+    };
     for &p in positions {
         for &f in &inv_freq {
             let a = p as f32 * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
+            cos.push(a.cos() * m);
+            sin.push(a.sin() * m);
         }
     }
 }
@@ -209,6 +241,7 @@ mod tests {
                 base: 500_000.0,
                 linear,
                 divisors: div,
+                yarn: None,
             };
             let (mut cos, mut sin) = (Vec::new(), Vec::new());
             rope_table(&positions, d, &freqs, &mut cos, &mut sin);
@@ -241,6 +274,7 @@ mod tests {
             base: 10_000.0,
             linear: 4.0,
             divisors: None,
+            yarn: None,
         };
         rope_table(&[8], d, &scaled, &mut c4, &mut s4);
         rope_table(&[2], d, &RopeFreqs::plain(10_000.0), &mut c1, &mut s1);
@@ -248,6 +282,51 @@ mod tests {
             assert!((a - b).abs() < 1e-6, "{a} vs {b}");
         }
         assert!((c4[0] - 1.0).abs() > 0.1, "position 2 turns pair 0 visibly");
+    }
+
+    #[test]
+    fn yarn_blends_as_the_reference_defines() {
+        // The reference's formula in f64: low and high correction pairs
+        // (floored, ceiled, clamped), a linear ramp, the blend, mscale.
+        let (d, base) = (64usize, 100_000f64);
+        let y = Yarn {
+            factor: 4.0,
+            original_context: 8192,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        let corr = |turns: f64| {
+            d as f64 * (8192.0 / (turns * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+        };
+        let (low, high) = (
+            corr(32.0).floor().max(0.0),
+            corr(1.0).ceil().min(d as f64 - 1.0),
+        );
+        assert_eq!((low, high), (10.0, 20.0));
+        let freqs = RopeFreqs {
+            base: base as f32,
+            linear: 1.0,
+            divisors: None,
+            yarn: Some(y),
+        };
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        rope_table(&[1000], d, &freqs, &mut cos, &mut sin);
+        let mscale = 0.1 * 4f64.ln() + 1.0;
+        for i in 0..d / 2 {
+            let extra = base.powf(-2.0 * i as f64 / d as f64);
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            let f = extra / 4.0 * (1.0 - keep) + extra * keep;
+            let a = 1000.0 * f;
+            assert!(
+                (f64::from(cos[i]) - a.cos() * mscale).abs() < 2e-3,
+                "cos {i}"
+            );
+            assert!(
+                (f64::from(sin[i]) - a.sin() * mscale).abs() < 2e-3,
+                "sin {i}"
+            );
+        }
     }
 
     #[test]

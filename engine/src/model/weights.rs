@@ -97,7 +97,7 @@ impl Weights {
             None => embed.clone(),
         };
         let rope_freqs = match file.get_tensor("rope_freqs.weight") {
-            Some(_) if cfg.rope_freqs => Some(p.divisors("rope_freqs.weight", cfg.head_dim / 2)?),
+            Some(_) if cfg.rope_freqs => Some(p.divisors("rope_freqs.weight", cfg.rope_dims / 2)?),
             _ => None,
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);

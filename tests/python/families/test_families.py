@@ -24,7 +24,7 @@ NEW = 8
 # (summation order differs with a step's shape; see tests/python/engine/test_engine_batch.py).
 NEAR_TIE = 0.75
 # The variants (variants.VARIANTS): every family the engine runs.
-CHECKED = ["llama", "llama3_rope", "linear_rope", "mistral",
+CHECKED = ["llama", "llama3_rope", "linear_rope", "yarn_rope", "mistral",
            "qwen2", "qwen3", "phi3", "gemma2", "granite", "olmo2"]  # fmt: skip
 
 

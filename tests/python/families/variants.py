@@ -44,6 +44,15 @@ VARIANTS: dict[str, Spec] = {
         "max_position_embeddings": 65536,
     }),
     "linear_rope": Spec("llama", {"rope_parameters": {"rope_type": "linear", "factor": 4.0}}),
+    # Qwen 2.5 / 3's long-context scaling; with this original context a third of the pairs blend.
+    "yarn_rope": Spec("llama", {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "max_position_embeddings": 32768,
+    }),
     # No window: the converter writes none for Mistral, so with a window shorter than the text the
     # file itself differs from the checkpoint (64 over 256 positions: top-1 0.90, KL 0.058).
     "mistral": Spec("llama", {"architectures": ["MistralForCausalLM"], "model_type": "mistral",

@@ -3,7 +3,7 @@
 //! their own RoPE base) to every full-attention one, whose RoPE may be
 //! scaled linearly (4B and larger).
 
-use super::linear_scaling;
+use super::rope_scaling;
 use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
 use crate::model::config::{Activation, ChatDefaults, Family, ModelConfig, QkNorm, RopeStyle};
@@ -64,7 +64,7 @@ fn hparams(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
             Metadata::f32,
         )?
         .unwrap_or(cfg.head_dim as f32);
-    linear_scaling(m, prefix, "gemma3", cfg)?;
+    rope_scaling(m, prefix, "gemma3", false, cfg)?;
     cfg.windows = (0..cfg.n_layers)
         .map(|i| (!(i + 1).is_multiple_of(SLIDING_PERIOD)).then_some(window))
         .collect();

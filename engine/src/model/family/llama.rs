@@ -1,8 +1,8 @@
 //! Llama and the models converted as Llama (SmolLM2, Mistral): SiLU gate,
 //! one RoPE base with adjacent pairs, no extra norms; RoPE scaling by
-//! `rope_freqs.weight` (llama3) or `rope.scaling.type = linear`.
+//! `rope_freqs.weight` (llama3) or `rope.scaling.type` linear or yarn.
 
-use super::linear_scaling;
+use super::{rope_scaling, SCALING_KEYS};
 use crate::error::Result;
 use crate::gguf::Metadata;
 use crate::model::config::{ChatDefaults, Family, ModelConfig};
@@ -11,11 +11,12 @@ pub static FAMILY: Family = Family {
     archs: &["llama"],
     hf_model_types: &["llama"],
     hparams,
-    // original_context_length only matters to YaRN, which the type refuses.
     implements: &[
-        "rope.scaling.type",
-        "rope.scaling.factor",
-        "rope.scaling.original_context_length",
+        SCALING_KEYS[0],
+        SCALING_KEYS[1],
+        SCALING_KEYS[2],
+        SCALING_KEYS[3],
+        SCALING_KEYS[4],
         "rope.scaling.finetuned",
     ],
     chat: ChatDefaults {
@@ -25,7 +26,7 @@ pub static FAMILY: Family = Family {
 };
 
 fn hparams(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
-    linear_scaling(m, prefix, "llama", cfg)?;
+    rope_scaling(m, prefix, "llama", true, cfg)?;
     cfg.rope_freqs = true;
     Ok(())
 }

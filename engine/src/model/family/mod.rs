@@ -23,7 +23,7 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 
-use super::config::{Activation, Arch, ChatDefaults, Family, ModelConfig, QkNorm, RopeStyle};
+use super::config::{Activation, Arch, ChatDefaults, Family, ModelConfig, QkNorm, RopeStyle, Yarn};
 use crate::error::{EngineError, Result};
 use crate::gguf::{Metadata, Value};
 
@@ -147,6 +147,7 @@ impl ModelConfig {
             attn_softcap: None,
             final_softcap: None,
             rope_linear: 1.0,
+            rope_yarn: None,
             rope_freqs: false,
         };
         (family.hparams)(m, arch.name(), &mut cfg)?;
@@ -213,12 +214,30 @@ fn window(m: &Metadata, prefix: &str) -> Result<Option<usize>> {
     Ok(w.filter(|&w| w > 0))
 }
 
+/// The `rope.scaling.*` keys [`rope_scaling`] reads, for a family's `implements`.
+const SCALING_KEYS: [&str; 5] = [
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scaling.original_context_length",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+];
+
 /// Reads `rope.scaling.type` and `.factor`: a linear factor (a factor
 /// without a type is linear, as the reference reads it) sets
-/// `cfg.rope_linear`; "none" takes no factor; any other type is refused,
-/// naming what `family` implements (llama also reads llama3's
-/// `rope_freqs.weight`).
-fn linear_scaling(m: &Metadata, prefix: &str, family: &str, cfg: &mut ModelConfig) -> Result<()> {
+/// `cfg.rope_linear`; "yarn" sets `cfg.rope_yarn` (with
+/// `original_context_length` and the optional betas); "none" takes no
+/// factor; any other type (and "yarn" where `yarn` is false) is refused,
+/// naming what `family` implements (llama
+/// also reads llama3's `rope_freqs.weight`). YaRN's attention factor and
+/// extrapolation mix are not read: their keys are refused.
+fn rope_scaling(
+    m: &Metadata,
+    prefix: &str,
+    family: &str,
+    yarn: bool,
+    cfg: &mut ModelConfig,
+) -> Result<()> {
     let type_key = format!("{prefix}.rope.scaling.type");
     let factor_key = format!("{prefix}.rope.scaling.factor");
     let factor = m.opt(&factor_key, Metadata::f32)?;
@@ -237,6 +256,30 @@ fn linear_scaling(m: &Metadata, prefix: &str, family: &str, cfg: &mut ModelConfi
                 cfg.rope_linear = f;
             }
         }
+        Some("yarn") if yarn => {
+            let f = factor.ok_or_else(|| {
+                EngineError::Model(format!(
+                    "metadata {type_key:?} = \"yarn\": expected {factor_key:?} too, missing"
+                ))
+            })?;
+            let ctx_key = format!("{prefix}.rope.scaling.original_context_length");
+            let original_context = m.usize(&ctx_key)?;
+            let beta = |k: &str, default: f32| -> Result<f32> {
+                Ok(positive(m, &format!("{prefix}.rope.scaling.{k}"))?.unwrap_or(default))
+            };
+            if !(f.is_finite() && f >= 1.0) || original_context == 0 {
+                return Err(EngineError::Model(format!(
+                    "metadata {factor_key:?} and {ctx_key:?}: expected a factor >= 1 and a \
+                     nonzero context, got {f} and {original_context}"
+                )));
+            }
+            cfg.rope_yarn = Some(Yarn {
+                factor: f,
+                original_context,
+                beta_fast: beta("yarn_beta_fast", 32.0)?,
+                beta_slow: beta("yarn_beta_slow", 1.0)?,
+            });
+        }
         Some("none") => {
             if let Some(f) = factor.filter(|&f| f != 1.0) {
                 return Err(EngineError::Unsupported(format!(
@@ -247,10 +290,10 @@ fn linear_scaling(m: &Metadata, prefix: &str, family: &str, cfg: &mut ModelConfi
         }
         Some(other) => {
             let v = m.get(&type_key).map_or_else(|| format!("{other:?}"), shown);
-            let what = if family == "llama" {
-                "\"linear\" and llama3's rope_freqs.weight"
-            } else {
-                "\"linear\""
+            let what = match (family, yarn) {
+                ("llama", _) => "\"linear\", \"yarn\" and llama3's rope_freqs.weight",
+                (_, true) => "\"linear\" and \"yarn\"",
+                _ => "\"linear\"",
             };
             return Err(EngineError::Unsupported(format!(
                 "metadata {type_key:?} = {v}: the {family} family implements {what} only"

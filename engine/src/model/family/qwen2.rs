@@ -2,6 +2,7 @@
 //! biases on q, k and v, rotate-half RoPE (the converter keeps Hugging
 //! Face's row order), ChatML.
 
+use super::{rope_scaling, SCALING_KEYS};
 use crate::error::Result;
 use crate::gguf::Metadata;
 use crate::model::config::{ChatDefaults, Family, ModelConfig, RopeStyle};
@@ -18,14 +19,16 @@ pub static FAMILY: Family = Family {
     archs: &["qwen2"],
     hf_model_types: &["qwen2"],
     hparams,
-    implements: &[],
+    // Qwen 2.5 and Qwen 3 reach 128k tokens with YaRN where the file says so.
+    implements: &SCALING_KEYS,
     chat: ChatDefaults {
         turn_ends: &["<|im_end|>", "<|endoftext|>"],
         template: Some(CHATML),
     },
 };
 
-fn hparams(_m: &Metadata, _prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
+fn hparams(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
+    rope_scaling(m, prefix, "qwen2", true, cfg)?;
     cfg.rope_style = RopeStyle::HalfSplit;
     cfg.qkv_bias = true;
     Ok(())

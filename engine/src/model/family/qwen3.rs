@@ -2,6 +2,7 @@
 //! rotate-half RoPE, no biases, ChatML.
 
 use super::qwen2::CHATML;
+use super::{rope_scaling, SCALING_KEYS};
 use crate::error::Result;
 use crate::gguf::Metadata;
 use crate::model::config::{ChatDefaults, Family, ModelConfig, QkNorm, RopeStyle};
@@ -10,14 +11,16 @@ pub static FAMILY: Family = Family {
     archs: &["qwen3"],
     hf_model_types: &["qwen3"],
     hparams,
-    implements: &[],
+    // Qwen 2.5 and Qwen 3 reach 128k tokens with YaRN where the file says so.
+    implements: &SCALING_KEYS,
     chat: ChatDefaults {
         turn_ends: &["<|im_end|>", "<|endoftext|>"],
         template: Some(CHATML),
     },
 };
 
-fn hparams(_m: &Metadata, _prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
+fn hparams(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
+    rope_scaling(m, prefix, "qwen3", true, cfg)?;
     cfg.rope_style = RopeStyle::HalfSplit;
     cfg.qk_norm = QkNorm::PerHead;
     Ok(())
