@@ -546,3 +546,27 @@ fn gemma2_caps_attention_scores_and_logits() {
     );
     assert!(diff(&wide, &fin) > 1e-4);
 }
+
+#[test]
+fn phi3_reads_longrope_where_the_file_has_its_factors() {
+    let factors = |name: &str, v: &[f32]| TensorSpec::new(name, &[D / 4], ty::F32, f32_bytes(v));
+    let ctx = |b: GgufBuilder| b.kv("phi3.rope.scaling.original_context_length", Value::U32(16));
+    let plain = last_logits(&open("phi3-plain", &ctx(tiny("phi3"))).unwrap());
+    let m = open(
+        "phi3-longrope",
+        &ctx(tiny("phi3"))
+            .kv("phi3.rope.scaling.attn_factor", Value::F32(1.19))
+            .tensor(factors("rope_factors_short.weight", &[3.0]))
+            .tensor(factors("rope_factors_long.weight", &[9.0])),
+    )
+    .unwrap();
+    let lr = m.config().longrope.unwrap();
+    assert_eq!((lr.original_context, lr.attn_factor), (16, 1.19));
+    assert_ne!(last_logits(&m), plain);
+    // One factor tensor alone is a broken file.
+    let one = ctx(tiny("phi3")).tensor(factors("rope_factors_long.weight", &[9.0]));
+    match open("phi3-one", &one) {
+        Err(EngineError::Model(msg)) => assert!(msg.contains("rope_factors_short"), "{msg}"),
+        other => panic!("expected a Model error, got {other:?}"),
+    }
+}

@@ -29,6 +29,16 @@ pub struct Yarn {
     pub beta_slow: f32,
 }
 
+/// LongRoPE as Phi-3.5 and Phi-4-mini use it: per-pair divisors of the
+/// frequencies (`rope_factors_short.weight` for positions below
+/// `original_context`, `rope_factors_long.weight` from there on), and cos
+/// and sin multiplied by `attn_factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LongRope {
+    pub original_context: usize,
+    pub attn_factor: f32,
+}
+
 /// Where q and k are RMS-normalised before RoPE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QkNorm {
@@ -69,6 +79,9 @@ pub struct ModelConfig {
     pub attn_scale: f32,
     /// Per layer: the sliding window, `None` for full attention.
     pub windows: Vec<Option<usize>>,
+    /// Whether sliding layers rotate as full ones do (Phi-3), rather than by
+    /// their own base and never scaled (Gemma).
+    pub sliding_rope_is_global: bool,
     /// Multiplier of the token embeddings (Gemma: `sqrt(n_embd)`).
     pub embed_scale: f32,
     pub activation: Activation,
@@ -102,6 +115,8 @@ pub struct ModelConfig {
     pub rope_linear: f32,
     /// YaRN scaling of full-attention layers (Qwen 2.5 / 3 long-context files).
     pub rope_yarn: Option<Yarn>,
+    /// LongRoPE (Phi-3.5, Phi-4-mini): read where the file has its factor tensors.
+    pub longrope: Option<LongRope>,
     /// Whether the plan reads an optional `rope_freqs.weight`: per-dimension
     /// divisors of the full-attention layers' RoPE frequencies (llama3 scaling).
     pub rope_freqs: bool,

@@ -114,11 +114,22 @@ impl Ctx<'_> {
         self.embed(tokens, sized(&mut s.x, t * e))?;
         let d = cfg.rope_dims;
         // Scaling (linear factor, llama3 divisors) applies to full-attention layers.
+        // LongRoPE: short divisors below the original context, long from there on.
+        let (divisors, long, mscale) = match (&self.w.rope_factors, &cfg.longrope) {
+            (Some([short, long]), Some(lr)) => (
+                Some(short.as_slice()),
+                Some((lr.original_context, long.as_slice())),
+                lr.attn_factor,
+            ),
+            _ => (self.w.rope_freqs.as_deref(), None, 1.0),
+        };
         let full = RopeFreqs {
             base: cfg.rope_base,
             linear: cfg.rope_linear,
-            divisors: self.w.rope_freqs.as_deref(),
+            divisors,
             yarn: cfg.rope_yarn,
+            long,
+            mscale,
         };
         rope_table(positions, d, &full, &mut s.cos_g, &mut s.sin_g);
         if self.uses_local_table() {
@@ -137,11 +148,13 @@ impl Ctx<'_> {
     /// applies to sliding layers).
     fn uses_local_table(&self) -> bool {
         let cfg = self.cfg;
-        cfg.windows.iter().any(Option::is_some)
+        !cfg.sliding_rope_is_global
+            && cfg.windows.iter().any(Option::is_some)
             && (cfg.rope_base_local != cfg.rope_base
                 || cfg.rope_linear != 1.0
                 || cfg.rope_yarn.is_some()
-                || self.w.rope_freqs.is_some())
+                || self.w.rope_freqs.is_some()
+                || self.w.rope_factors.is_some())
     }
 
     fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {

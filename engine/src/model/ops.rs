@@ -50,6 +50,10 @@ pub struct RopeFreqs<'a> {
     /// Per-pair divisors (`rope_freqs.weight`, llama3 scaling), `d / 2` of them.
     pub divisors: Option<&'a [f32]>,
     pub yarn: Option<Yarn>,
+    /// LongRoPE: from this position on, these divisors replace `divisors`.
+    pub long: Option<(usize, &'a [f32])>,
+    /// Multiplier of cos and sin (LongRoPE's attention factor; 1 without).
+    pub mscale: f32,
 }
 
 impl RopeFreqs<'_> {
@@ -59,6 +63,8 @@ impl RopeFreqs<'_> {
             linear: 1.0,
             divisors: None,
             yarn: None,
+            long: None,
+            mscale: 1.0,
         }
     }
 }
@@ -99,28 +105,33 @@ pub fn rope_table(
     let half = head_dim / 2;
     cos.clear();
     sin.clear();
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| {
-            let f = 1.0 / freqs.base.powf((2 * i) as f32 / head_dim as f32);
-            let div = freqs
-                .divisors
-                .and_then(|d| d.get(i))
-                .copied()
-                .unwrap_or(1.0);
-            let f = match &freqs.yarn {
-                Some(y) => yarn_freq(y, f, i, half, freqs.base),
-                None => f,
-            };
-            f / div / freqs.linear
-        })
-        .collect();
-    // YaRN scales cos and sin (so q·k by its square), as the reference does.
-    let m = match &freqs.yarn {
-        Some(y) if y.factor > 1.0 => 0.1 * y.factor.ln() + 1.0,
-        _ => 1.0,
+    let inv_freq = |divisors: Option<&[f32]>| -> Vec<f32> {
+        (0..half)
+            .map(|i| {
+                let f = 1.0 / freqs.base.powf((2 * i) as f32 / head_dim as f32);
+                let div = divisors.and_then(|d| d.get(i)).copied().unwrap_or(1.0);
+                let f = match &freqs.yarn {
+                    Some(y) => yarn_freq(y, f, i, half, freqs.base),
+                    None => f,
+                };
+                f / div / freqs.linear
+            })
+            .collect()
     };
+    let near = inv_freq(freqs.divisors);
+    let far = freqs.long.map(|(from, d)| (from, inv_freq(Some(d))));
+    // YaRN and LongRoPE scale cos and sin (so q·k by the square), as the reference does.
+    let m = freqs.mscale
+        * match &freqs.yarn {
+            Some(y) if y.factor > 1.0 => 0.1 * y.factor.ln() + 1.0,
+            _ => 1.0,
+        };
     for &p in positions {
-        for &f in &inv_freq {
+        let table = match &far {
+            Some((from, f)) if p >= *from => f,
+            _ => &near,
+        };
+        for &f in table {
             let a = p as f32 * f;
             cos.push(a.cos() * m);
             sin.push(a.sin() * m);
@@ -242,6 +253,8 @@ mod tests {
                 linear,
                 divisors: div,
                 yarn: None,
+                long: None,
+                mscale: 1.0,
             };
             let (mut cos, mut sin) = (Vec::new(), Vec::new());
             rope_table(&positions, d, &freqs, &mut cos, &mut sin);
@@ -275,6 +288,8 @@ mod tests {
             linear: 4.0,
             divisors: None,
             yarn: None,
+            long: None,
+            mscale: 1.0,
         };
         rope_table(&[8], d, &scaled, &mut c4, &mut s4);
         rope_table(&[2], d, &RopeFreqs::plain(10_000.0), &mut c1, &mut s1);
@@ -308,6 +323,8 @@ mod tests {
             linear: 1.0,
             divisors: None,
             yarn: Some(y),
+            long: None,
+            mscale: 1.0,
         };
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         rope_table(&[1000], d, &freqs, &mut cos, &mut sin);

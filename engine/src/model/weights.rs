@@ -66,6 +66,9 @@ pub struct Weights {
     /// `[head_dim / 2]` divisors of the full-attention layers' RoPE
     /// frequencies (`rope_freqs.weight`, llama3 scaling), when the file has them.
     pub rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE's short and long divisors, when the family reads them and
+    /// the file has them.
+    pub rope_factors: Option<[Vec<f32>; 2]>,
 }
 
 impl Weights {
@@ -100,6 +103,20 @@ impl Weights {
             Some(_) if cfg.rope_freqs => Some(p.divisors("rope_freqs.weight", cfg.rope_dims / 2)?),
             _ => None,
         };
+        const FACTORS: [&str; 2] = ["rope_factors_short.weight", "rope_factors_long.weight"];
+        let has = FACTORS.map(|n| file.get_tensor(n).is_some());
+        let rope_factors = match (cfg.longrope.is_some(), has) {
+            (true, [true, true]) => Some([
+                p.divisors(FACTORS[0], cfg.rope_dims / 2)?,
+                p.divisors(FACTORS[1], cfg.rope_dims / 2)?,
+            ]),
+            (true, [true, false] | [false, true]) => {
+                return Err(EngineError::Model(format!(
+                    "tensors {FACTORS:?}: LongRoPE needs both, the file has one"
+                )))
+            }
+            _ => None,
+        };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let (qd, kd) = (cfg.q_dim(), cfg.kv_dim());
         let (qn, kn) = match cfg.qk_norm {
@@ -110,6 +127,8 @@ impl Weights {
         for i in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             let b = |s: &str| format!("blk.{i}.{s}.bias");
+            // In the layer's order, so a file missing its first tensor says so.
+            let attn_norm = p.opt_norm(cfg.pre_norms, &n("attn_norm"), e)?;
             let [wq, wk, wv] = if cfg.fused_qkv {
                 p.fused(&n("attn_qkv"), [qd, kd, kd], e)?
             } else {
@@ -129,7 +148,7 @@ impl Weights {
             };
             let bias = cfg.qkv_bias;
             layers.push(LayerWeights {
-                attn_norm: p.opt_norm(cfg.pre_norms, &n("attn_norm"), e)?,
+                attn_norm,
                 wq,
                 wk,
                 wv,
@@ -164,6 +183,7 @@ impl Weights {
             output_norm,
             layers,
             rope_freqs,
+            rope_factors,
         })
     }
 

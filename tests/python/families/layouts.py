@@ -69,7 +69,7 @@ def _rows_per_head(w: torch.Tensor, order: torch.Tensor, head_dim: int) -> torch
     return w.reshape(heads, head_dim, -1)[:, order].reshape(w.shape)
 
 
-def phi3(config: dict, state: dict, stats: Stats) -> tuple[dict, dict]:
+def phi3(config: dict, state: dict, stats: Stats, *, longrope: bool = False) -> tuple[dict, dict]:
     """Fused QKV and gate/up; RoPE on the first 3/4 of each head (Phi-4-mini's partial rotary).
     SmolLM2 rotates all 32 pairs (i, i+32); its 24 fastest pairs become the rotated (j, j+24) and
     its 8 slowest (< 4e-4 rad/token, nearly still over the text) the unrotated tail. Pair j's
@@ -89,11 +89,18 @@ def phi3(config: dict, state: dict, stats: Stats) -> tuple[dict, dict]:
         state[f"{mlp}.gate_up_proj.weight"] = torch.cat([gate, up])
     theta = config["rope_parameters"]["rope_theta"] ** 0.75
     context = config["max_position_embeddings"]
+    rope = {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.75}
     cfg = {**config, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
-           "rope_parameters": {"rope_type": "default", "rope_theta": theta,
-                               "partial_rotary_factor": 0.75},
-           "original_max_position_embeddings": context, "sliding_window": None,
-           "pad_token_id": None}  # fmt: skip
+           "rope_parameters": rope, "original_max_position_embeddings": context,
+           "sliding_window": None, "pad_token_id": None}  # fmt: skip
+    if longrope:
+        # Phi-3.5 / Phi-4-mini's 128k scaling: 16x the original context, per-pair factors (the
+        # short ones apply below the original context, so over the whole text).
+        pairs = 24
+        rope.update(rope_type="longrope", original_max_position_embeddings=context,
+                    short_factor=[1.0 + 0.08 * j for j in range(pairs)],
+                    long_factor=[1.0 + 0.5 * j for j in range(pairs)])  # fmt: skip
+        cfg["max_position_embeddings"] = 16 * context
     return cfg, state
 
 

@@ -25,7 +25,7 @@ NEW = 8
 NEAR_TIE = 0.75
 # The variants (variants.VARIANTS): every family the engine runs.
 CHECKED = ["llama", "llama3_rope", "linear_rope", "yarn_rope", "mistral",
-           "qwen2", "qwen3", "phi3", "gemma2", "granite", "olmo2"]  # fmt: skip
+           "qwen2", "qwen3", "phi3", "phi3_longrope", "gemma2", "granite", "olmo2"]  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=CHECKED)

@@ -1,6 +1,8 @@
 """Every variant's checkpoint converts, and the file is the family the variant stands for, with
 the family's parameters the checkpoint sets (the session's own conversions; no engine)."""
 
+import math
+
 import pytest
 from gguf import GGUFReader
 
@@ -21,6 +23,9 @@ EXPECTED = {
     "granite": ({"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.25,
                  "logit_scale": 1.5}, "smollm"),
     "olmo2": ({}, "smollm"),
+    # The converter's LongRoPE attention factor: sqrt(1 + ln 16 / ln 8192).
+    "phi3_longrope": ({"rope.dimension_count": 48, "rope.scaling.attn_factor": math.sqrt(17 / 13),
+                       "rope.scaling.original_context_length": 8192}, "smollm"),
     "yarn_rope": ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                    "rope.scaling.original_context_length": 8192}, "smollm"),
 }  # fmt: skip

@@ -63,6 +63,8 @@ VARIANTS: dict[str, Spec] = {
     "qwen3": Spec("qwen3", layout=layouts.qwen3),
     # Phi-4-mini's way of carrying a GPT-2 tokenizer, which the converter honours.
     "phi3": Spec("phi3", layout=layouts.phi3, tokenizer_class="GPT2Tokenizer"),
+    "phi3_longrope": Spec("phi3", layout=partial(layouts.phi3, longrope=True),
+                          tokenizer_class="GPT2Tokenizer"),
     "gemma2": Spec("gemma2", vocab="gemma", layout=partial(
         layouts.gemma2, window=GEMMA2_WINDOW, attn_cap=GEMMA2_ATTN_CAP,
         final_cap=GEMMA2_FINAL_CAP)),

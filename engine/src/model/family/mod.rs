@@ -133,6 +133,7 @@ impl ModelConfig {
             eps,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             windows: vec![None; n_layers],
+            sliding_rope_is_global: false,
             embed_scale: 1.0,
             activation: Activation::Silu,
             qk_norm: QkNorm::None,
@@ -148,6 +149,7 @@ impl ModelConfig {
             final_softcap: None,
             rope_linear: 1.0,
             rope_yarn: None,
+            longrope: None,
             rope_freqs: false,
         };
         (family.hparams)(m, arch.name(), &mut cfg)?;

@@ -4,13 +4,13 @@
 //! Phi-4-mini), and a sliding window over every layer where the file gives
 //! one (0 means none).
 //!
-//! The 128k-context files' LongRoPE factors (`rope_factors_long` and
-//! `_short` tensors) are not in the plan, so those files are refused.
+//! The 128k-context files (Phi-3/3.5 128k, Phi-4-mini) carry LongRoPE:
+//! `rope_factors_short`/`_long` tensors and `rope.scaling.attn_factor`.
 
-use super::window;
-use crate::error::Result;
+use super::{positive, window};
+use crate::error::{EngineError, Result};
 use crate::gguf::Metadata;
-use crate::model::config::{ChatDefaults, Family, ModelConfig, RopeStyle};
+use crate::model::config::{ChatDefaults, Family, LongRope, ModelConfig, RopeStyle};
 
 /// Phi-3's chat format, for files that carry no template.
 const TEMPLATE: &str = concat!(
@@ -24,11 +24,10 @@ pub static FAMILY: Family = Family {
     archs: &["phi3"],
     hf_model_types: &["phi3"],
     hparams,
-    // The original context only selects between LongRoPE's factor tensors,
-    // which the plan refuses.
     implements: &[
         "attention.sliding_window",
         "rope.scaling.original_context_length",
+        "rope.scaling.attn_factor",
     ],
     chat: ChatDefaults {
         turn_ends: &["<|end|>", "<|endoftext|>"],
@@ -40,8 +39,32 @@ fn hparams(m: &Metadata, prefix: &str, cfg: &mut ModelConfig) -> Result<()> {
     cfg.rope_style = RopeStyle::HalfSplit;
     cfg.fused_qkv = true;
     cfg.fused_gate_up = true;
-    if let Some(w) = window(m, prefix)? {
+    // 128k files give a window past the context, which never binds.
+    if let Some(w) = window(m, prefix)?.filter(|&w| w < cfg.context_length) {
         cfg.windows = vec![Some(w); cfg.n_layers];
+    }
+    cfg.sliding_rope_is_global = true;
+    // LongRoPE applies where the plan finds the factor tensors.
+    let ctx_key = format!("{prefix}.rope.scaling.original_context_length");
+    if let Some(original_context) = m.opt(&ctx_key, Metadata::usize)? {
+        if original_context == 0 {
+            return Err(EngineError::Model(format!(
+                "metadata {ctx_key:?}: expected a nonzero context, got 0"
+            )));
+        }
+        // Without the key: the reference's default for the context ratio.
+        let scale = cfg.context_length as f64 / original_context as f64;
+        let default = if scale > 1.0 {
+            (1.0 + scale.ln() / (original_context as f64).ln()).sqrt() as f32
+        } else {
+            1.0
+        };
+        let attn_factor =
+            positive(m, &format!("{prefix}.rope.scaling.attn_factor"))?.unwrap_or(default);
+        cfg.longrope = Some(LongRope {
+            original_context,
+            attn_factor,
+        });
     }
     Ok(())
 }
