@@ -13,7 +13,6 @@ from .checkpoints import POSITIONS, Base, base_state, save_variant
 from .converter import start_convert
 from .variants import VARIANTS
 
-TYPES = ("f16", "q8_0")
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
 
@@ -48,10 +47,10 @@ class Variant:
         self.hf_dir = root / name
         self.tokenizer = save_variant(self.hf_dir, name, base)
         self.ids = self.tokenizer(base.text)["input_ids"][:POSITIONS]
-        # Both conversions run while the reference logits are computed.
+        # The conversions run while the reference logits are computed.
         self._conversions = {
             t: start_convert(self.hf_dir, root / f"{name}-{t}.gguf", t, VARIANTS[name].pre)
-            for t in TYPES
+            for t in VARIANTS[name].types
         }
         self._files: dict[str, Path] = {}
         self._engines: dict = {}

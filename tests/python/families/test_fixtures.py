@@ -6,11 +6,10 @@ import math
 import pytest
 from gguf import GGUFReader
 
-from .conftest import TYPES
 from .variants import GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, GEMMA2_WINDOW, VARIANTS
 
-# llama.cpp's file types for the conftest's TYPES (F16, Q8_0).
-FILE_TYPES = (1, 7)
+# llama.cpp's file types of the converter's output types.
+FILE_TYPES = {"f16": 1, "q8_0": 7}
 # Metadata each family's file must carry (keys under the architecture's prefix), and the BPE
 # pre-tokenizer it names ("default": a SentencePiece vocabulary).
 EXPECTED = {
@@ -37,10 +36,10 @@ def test_variant_converts_to_its_family(name, variant_factory):
     # A real model's predictions: they vary along the text.
     assert len(set(variant.hf_logits.argmax(-1).tolist())) > 20
     arch = VARIANTS[name].arch
-    for outtype, file_type in zip(TYPES, FILE_TYPES, strict=True):
+    for outtype in VARIANTS[name].types:
         fields = GGUFReader(variant.gguf(outtype)).fields
         assert fields["general.architecture"].contents() == arch
-        assert fields["general.file_type"].contents() == file_type
+        assert fields["general.file_type"].contents() == FILE_TYPES[outtype]
     keys, pre = EXPECTED.get(name, ({}, "smollm"))
     assert fields["tokenizer.ggml.pre"].contents() == pre
     for key, want in keys.items():

@@ -16,6 +16,7 @@ from . import layouts
 GEMMA2_WINDOW = 32
 GEMMA2_ATTN_CAP = 8.0
 GEMMA2_FINAL_CAP = 30.0
+F16 = ("f16",)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class Spec:
     tokenizer_class: str | None = None  # written into tokenizer_config.json when set
     # The pre-tokenizer to name when the converter does not know the tokenizer's hash.
     pre: str | None = None
+    # The converter's output types it is checked on: every family on F16 and Q8_0; a variant
+    # that changes only RoPE metadata of its family (the same tensors) on F16.
+    types: tuple[str, ...] = ("f16", "q8_0")
 
 
 VARIANTS: dict[str, Spec] = {
@@ -42,8 +46,9 @@ VARIANTS: dict[str, Spec] = {
             "original_max_position_embeddings": 8192,
         },
         "max_position_embeddings": 65536,
-    }),
-    "linear_rope": Spec("llama", {"rope_parameters": {"rope_type": "linear", "factor": 4.0}}),
+    }, types=F16),
+    "linear_rope": Spec("llama", {"rope_parameters": {"rope_type": "linear", "factor": 4.0}},
+                        types=F16),
     # Qwen 2.5 / 3's long-context scaling; with this original context a third of the pairs blend.
     "yarn_rope": Spec("llama", {
         "rope_parameters": {
@@ -52,11 +57,11 @@ VARIANTS: dict[str, Spec] = {
             "original_max_position_embeddings": 8192,
         },
         "max_position_embeddings": 32768,
-    }),
+    }, types=F16),
     # No window: the converter writes none for Mistral, so with a window shorter than the text the
     # file itself differs from the checkpoint (64 over 256 positions: top-1 0.90, KL 0.058).
     "mistral": Spec("llama", {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-                              "sliding_window": None}),
+                              "sliding_window": None}, types=F16),
     # transformers loads any Qwen 2 checkpoint's tokenizer as Qwen2Tokenizer (Qwen's split regex
     # over the vocabulary), which the converter knows only by the real Qwen vocabulary's hash.
     "qwen2": Spec("qwen2", layout=layouts.qwen2, pre="qwen2"),
@@ -64,7 +69,7 @@ VARIANTS: dict[str, Spec] = {
     # Phi-4-mini's way of carrying a GPT-2 tokenizer, which the converter honours.
     "phi3": Spec("phi3", layout=layouts.phi3, tokenizer_class="GPT2Tokenizer"),
     "phi3_longrope": Spec("phi3", layout=partial(layouts.phi3, longrope=True),
-                          tokenizer_class="GPT2Tokenizer"),
+                          tokenizer_class="GPT2Tokenizer", types=F16),
     "gemma2": Spec("gemma2", vocab="gemma", layout=partial(
         layouts.gemma2, window=GEMMA2_WINDOW, attn_cap=GEMMA2_ATTN_CAP,
         final_cap=GEMMA2_FINAL_CAP)),
