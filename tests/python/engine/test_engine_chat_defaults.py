@@ -37,11 +37,26 @@ def test_llama_family_ends_turns_in_every_llama_format(smollm2_engine):
         assert tok.token_to_id(piece) in smollm2_engine.eos_token_ids
 
 
+FAMILIES = ["llama", "gemma3", "gemma2", "qwen2", "qwen3", "phi3", "granite", "olmo2"]
+
+
 def test_unknown_or_no_family_gives_every_turn_end_and_no_template():
-    every = set(family_chat_defaults("llama")[0]) | set(family_chat_defaults("gemma3")[0])
-    for name in (None, "qwen2", ""):
+    every = set().union(*(family_chat_defaults(f)[0] for f in FAMILIES))
+    assert {"<|im_end|>", "<end_of_turn>", "<|end|>", "<|end_of_text|>"} <= every
+    for name in (None, "mamba", ""):
         ends, template = family_chat_defaults(name)
         assert set(ends) == every
         assert template is None
     # A Hugging Face model_type names its family too.
     assert family_chat_defaults("gemma3_text") == family_chat_defaults("gemma3")
+
+
+def test_each_family_names_its_own_turn_end():
+    own = {"qwen2": "<|im_end|>", "qwen3": "<|im_end|>", "phi3": "<|end|>",
+           "gemma2": "<end_of_turn>", "granite": "<|end_of_text|>",
+           "olmo2": "<|endoftext|>"}  # fmt: skip
+    for family, piece in own.items():
+        ends, template = family_chat_defaults(family)
+        assert piece in ends, family
+        # A fallback template, where the family has one, ends its turns with that piece.
+        assert template is None or piece in template, family
