@@ -18,6 +18,11 @@ request by id.
   what OpenAI's API and vLLM report); :meth:`BatchGenerator.take_logprobs` hands over the
   entries since the last call, so a server thread collects them per token and nothing grows.
   Requests without logprobs cost nothing.
+* **Bias and penalties.** A request added with ``logit_bias`` (token id -> bias in
+  [-100, 100]) or ``frequency_penalty`` / ``presence_penalty`` (in [-2, 2]) has a copy of its
+  logits row adjusted by OpenAI's formula before it is sampled (greedy too; see
+  :func:`~offgraph_kv.batch.sampling.adjusted`); its logprobs stay the model's. Requests
+  without them cost nothing.
 """
 
 from __future__ import annotations
@@ -26,14 +31,14 @@ import itertools
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _native as _okv
 from .._errors import CapacityError, InvalidArgumentError
 from .model_step import CellsModel, ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
-from .sampling import LogprobEntry, logprob_entry, sample
+from .sampling import LogprobEntry, adjusted, logprob_entry, sample
 from .scheduler import Plan, Scheduler
 
 if TYPE_CHECKING:  # annotations only: the native engine's path never imports torch
@@ -221,13 +226,29 @@ class BatchGenerator:
         top_p: float = 1.0,
         seed: int | None = None,
         logprobs: int | None = None,
+        logit_bias: Mapping[int, float] | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
     ) -> int:
         """Queue a request; returns its id. It joins the batch at the next step it fits.
 
         ``logprobs``: ``None`` (no logprobs) or ``k`` in ``[0, 20]``: record each generated
-        token's logprob and its step's top ``k`` (see :meth:`take_logprobs`)."""
+        token's logprob and its step's top ``k`` (see :meth:`take_logprobs`).
+        ``logit_bias``: token id -> bias in ``[-100, 100]`` added to its logit (-100 bans it,
+        +100 all but forces it); ``frequency_penalty`` / ``presence_penalty`` in ``[-2, 2]``:
+        subtracted from a token's logit per time it was generated / once it was (OpenAI's
+        semantics, the prompt not counted)."""
         req = self._request(
-            prompt_ids, max_new_tokens, eos_token_id, temperature, top_p, seed, logprobs
+            prompt_ids,
+            max_new_tokens,
+            eos_token_id,
+            temperature,
+            top_p,
+            seed,
+            logprobs,
+            logit_bias=logit_bias,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
         )
         with self._lock:
             self._queue([req])
@@ -383,9 +404,20 @@ class BatchGenerator:
         self._counts["forward_tokens"] += n_tokens
         out: list[tuple[int, int]] = []
         for i, req in enumerate(samplers):
-            tok = sample(logits[i], req.temperature, req.top_p, req.generator)
+            row = logits[i]
+            if req.adjusts:  # only requests that asked pay for the copy
+                row = adjusted(
+                    row,
+                    req.logit_bias,
+                    req.counts,
+                    req.frequency_penalty,
+                    req.presence_penalty,
+                )
+            tok = sample(row, req.temperature, req.top_p, req.generator)
             if req.logprobs is not None:  # only requests that asked pay for the softmax
                 req.logprob_entries.append(logprob_entry(logits[i], tok, req.logprobs))
+            if req.frequency_penalty or req.presence_penalty:
+                req.counts[tok] = req.counts.get(tok, 0) + 1
             req.tokens.append(tok)
             out.append((req.rid, tok))
             self._counts["generated_tokens"] += 1

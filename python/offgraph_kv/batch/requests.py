@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 import operator
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .._errors import CapacityError, InvalidArgumentError
 from .sampling import MAX_LOGPROBS, LogprobEntry, sampler_for
@@ -45,6 +47,15 @@ class Request:
     logprobs: int | None = None  # top alternatives asked per token; None: no logprobs
     # Entries of the tokens generated since the last `BatchGenerator.take_logprobs`.
     logprob_entries: list[LogprobEntry] = field(default_factory=list)
+    logit_bias: tuple[np.ndarray, np.ndarray] | None = None  # (token ids, biases)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    counts: dict[int, int] = field(default_factory=dict)  # generated token -> times (penalties)
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether its logits row is changed before sampling (bias or penalties)."""
+        return self.logit_bias is not None or bool(self.frequency_penalty or self.presence_penalty)
 
     @property
     def generated(self) -> list[int]:
@@ -117,6 +128,9 @@ def new_request(
     top_p: float = 1.0,
     seed: int | None = None,
     logprobs: int | None = None,
+    logit_bias: Mapping[int, float] | None = None,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
 ) -> Request:
     """A checked request (not queued); its id is drawn from ``ids`` only once every check
     passed, so a refused request takes no id."""
@@ -135,6 +149,9 @@ def new_request(
     if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
         raise InvalidArgumentError(f"top_p: expected in (0, 1], got {top_p}")
     top = _logprobs(logprobs)
+    bias = _logit_bias(logit_bias, limits.vocab_size)
+    freq = _penalty("frequency_penalty", frequency_penalty)
+    pres = _penalty("presence_penalty", presence_penalty)
     total = len(prompt) + max_new - 1
     if total > limits.max_positions:
         raise CapacityError(
@@ -154,7 +171,50 @@ def new_request(
         generator=sampler_for(temperature, seed, numpy=limits.numpy_sampler),
         tokens=list(prompt),
         logprobs=top,
+        logit_bias=bias,
+        frequency_penalty=freq,
+        presence_penalty=pres,
     )
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 all but forces it
+MAX_PENALTY = 2.0  # OpenAI's range of frequency_penalty and presence_penalty
+
+
+def _number(name: str, value: Any, bound: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"{name}: expected a number, got {value!r}")
+    if not (math.isfinite(value) and -bound <= value <= bound):
+        raise InvalidArgumentError(f"{name}: expected in [{-bound:g}, {bound:g}], got {value}")
+    return float(value)
+
+
+def _penalty(name: str, value: Any) -> float:
+    return _number(name, value, MAX_PENALTY)
+
+
+def _logit_bias(bias: Any, vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``logit_bias`` checked: ``None`` or a mapping token id -> bias in [-100, 100], as
+    ``(ids, biases)`` arrays (``None`` when empty)."""
+    if bias is None:
+        return None
+    if not isinstance(bias, Mapping):
+        raise InvalidArgumentError(
+            f"logit_bias: expected a mapping token id -> bias, got {type(bias).__name__}"
+        )
+    ids: dict[int, float] = {}
+    for key, value in bias.items():
+        if isinstance(key, bool) or not hasattr(key, "__index__"):
+            raise InvalidArgumentError(f"logit_bias: expected token ids as keys, got {key!r}")
+        tok = operator.index(key)
+        if not 0 <= tok < vocab_size:
+            raise InvalidArgumentError(
+                f"logit_bias: token {tok} outside the vocabulary [0, {vocab_size})"
+            )
+        ids[tok] = _number(f"logit_bias[{tok}]", value, MAX_LOGIT_BIAS)
+    if not ids:
+        return None
+    return np.fromiter(ids, np.int64, len(ids)), np.fromiter(ids.values(), np.float32, len(ids))
 
 
 def _logprobs(logprobs: Any) -> int | None:

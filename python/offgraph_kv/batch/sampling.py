@@ -6,10 +6,15 @@ repeats whatever it is batched with). A transformers model's requests draw from 
 ``torch.Generator`` (as they always did); the native engine's from a numpy ``Generator``, so
 that its path never imports torch (torch alone is ~490 MB resident).
 
+A request's ``logit_bias`` and ``frequency_penalty`` / ``presence_penalty`` adjust a copy of
+its row before greedy's argmax or temperature and top-p (:func:`adjusted`, OpenAI's formula:
+``logits[j] += bias[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty``, ``c[j]``
+the times token ``j`` was generated so far by that request; the prompt does not count).
+
 Logprobs (:func:`logprob_entry`) are ``log_softmax`` of the raw logits row the token was
-sampled from: the model's own distribution, before temperature and top-p, as OpenAI's API and
-vLLM report them. A sampled token's logprob is therefore not the probability it was drawn with
-when ``temperature != 1`` or ``top_p < 1``.
+sampled from: the model's own distribution, before bias, penalties, temperature and top-p, as
+OpenAI's API and vLLM report them. A sampled token's logprob is therefore not the probability
+it was drawn with when any of those changed the row.
 """
 
 from __future__ import annotations
@@ -19,7 +24,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["MAX_LOGPROBS", "LogprobEntry", "logprob_entry", "sample", "sampler_for"]
+__all__ = [
+    "MAX_LOGPROBS",
+    "LogprobEntry",
+    "adjusted",
+    "logprob_entry",
+    "sample",
+    "sampler_for",
+]
 
 MAX_LOGPROBS = 20
 """Most top alternatives a request may ask for per token (OpenAI's chat limit)."""
@@ -70,6 +82,27 @@ def sample(logits: Any, temperature: float, top_p: float, generator: Any) -> int
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def adjusted(
+    logits: Any,
+    bias: tuple[np.ndarray, np.ndarray] | None,
+    counts: dict[int, int],
+    frequency_penalty: float,
+    presence_penalty: float,
+) -> np.ndarray:
+    """A float32 copy of one row of logits (torch or numpy, ``[vocab]``) with ``bias`` (token
+    ids, their biases) added and the penalties subtracted for the tokens in ``counts`` (token ->
+    times generated). The raw row is left as it is: logprobs are the model's."""
+    row = logits.detach().float().cpu().numpy() if hasattr(logits, "detach") else logits
+    x = np.array(row, dtype=np.float32)  # a copy: the forward's buffer stays the model's
+    if counts and (frequency_penalty or presence_penalty):
+        ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        c = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+        x[ids] -= c * np.float32(frequency_penalty) + np.float32(presence_penalty)
+    if bias is not None:
+        x[bias[0]] += bias[1]
+    return x
 
 
 def logprob_entry(logits: Any, token: int, k: int) -> LogprobEntry:
