@@ -6,10 +6,19 @@
 //! ```text
 //! okv-bench model.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128]
 //!                      [--reps 3] [--ubatch 512] [--kv-dtype float32]
+//! okv-bench --floor 2048 [--threads 1,2] [--reps 3]
 //! ```
-//! One JSON object per line on stdout: each test's rates per repetition and
+//! Each thread count and depth first runs one untimed token (as llama-bench
+//! warms up). One JSON object per line on stdout: each test's rates per repetition and
 //! their median, then the process's peak resident memory, the file's size and
 //! the pools' bytes.
+//!
+//! `--floor MIB` measures the read floor instead: a streaming read of a
+//! buffer of MIB MiB (far past the last-level cache) with the widest vector
+//! loads the CPU has, split over the threads by the same worker pool as the
+//! engine's matmuls (`offgraph_kv::workers`), so the floor's threads are the
+//! decode's threads. Each repetition takes the median of 5 passes; the line
+//! gives every repetition's median and the best of them, in GB/s (1e9 B/s).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -19,6 +28,7 @@ use offgraph_kv_engine::Model;
 
 struct Args {
     path: String,
+    floor_mib: usize,
     threads: Vec<usize>,
     depths: Vec<usize>,
     pp: usize,
@@ -28,7 +38,7 @@ struct Args {
     kv_dtype: KvDtype,
 }
 
-const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128] [--reps 3] [--ubatch 512] [--kv-dtype float32]";
+const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128] [--reps 3] [--ubatch 512] [--kv-dtype float32]\n       okv-bench --floor MIB [--threads 1,2] [--reps 3]";
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
     v.split(',')
@@ -49,6 +59,7 @@ fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut a = Args {
         path: String::new(),
+        floor_mib: 0,
         threads: vec![std::thread::available_parallelism().map_or(1, |n| n.get())],
         depths: vec![0],
         pp: 512,
@@ -65,6 +76,7 @@ fn parse() -> Result<Args, String> {
             "--pp" | "-p" => a.pp = one(&val("--pp")?, "--pp")?,
             "--tg" | "-n" => a.tg = one(&val("--tg")?, "--tg")?,
             "--reps" | "-r" => a.reps = one(&val("--reps")?, "--reps")?,
+            "--floor" => a.floor_mib = one(&val("--floor")?, "--floor")?,
             "--ubatch" | "-ub" => a.ubatch = one(&val("--ubatch")?, "--ubatch")?,
             "--kv-dtype" => {
                 a.kv_dtype = KvDtype::parse(&val("--kv-dtype")?).map_err(|e| e.to_string())?
@@ -74,6 +86,15 @@ fn parse() -> Result<Args, String> {
             s if a.path.is_empty() => a.path = s.to_owned(),
             s => return Err(format!("one model file expected, got a second: {s:?}")),
         }
+    }
+    if a.floor_mib > 0 {
+        if !a.path.is_empty() {
+            return Err("--floor takes no model file".into());
+        }
+        if a.threads.contains(&0) || a.reps == 0 {
+            return Err("--threads and --reps must be >= 1".into());
+        }
+        return Ok(a);
     }
     if a.path.is_empty() {
         return Err("no model file given".into());
@@ -145,6 +166,10 @@ fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
             kc.clear();
             let seq = kc.cells_mut().seq_new()?;
             prefill(&model, &mut kc, seq, &tokens(depth, vocab, 7), 0, step)?;
+            // One untimed token first, as llama-bench warms up: every weight
+            // page is then mapped, so the first repetition pays no faults.
+            model.forward(&mut kc, &tokens(1, vocab, 3), &[seq], &[depth], &[0])?;
+            kc.cells_mut().seq_rm(seq, depth, None)?;
             for (test, n) in [("pp", a.pp), ("tg", a.tg)] {
                 if n == 0 {
                     continue;
@@ -183,6 +208,124 @@ fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
     Ok(())
 }
 
+/// Bytes of each SIMD step of the floor's read (four 64-byte lines).
+const STEP: usize = 256;
+
+/// Reads `n` bytes from `p` with AVX-512 loads into four accumulators.
+///
+/// # Safety
+/// AVX-512F; `p` holds `n` bytes, `n` a multiple of [`STEP`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn read_avx512(p: *const u8, n: usize) -> u64 {
+    use std::arch::x86_64::*;
+    // SAFETY: every load lies below `p + n`.
+    unsafe {
+        let mut a = [_mm512_setzero_si512(); 4];
+        let mut o = 0;
+        while o + STEP <= n {
+            for (i, acc) in a.iter_mut().enumerate() {
+                let v = _mm512_loadu_si512(p.add(o + 64 * i).cast());
+                *acc = _mm512_add_epi64(*acc, v);
+            }
+            o += STEP;
+        }
+        let s = _mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3]));
+        _mm512_reduce_add_epi64(s) as u64
+    }
+}
+
+/// Reads `n` bytes from `p` with AVX2 loads into eight accumulators.
+///
+/// # Safety
+/// AVX2; `p` holds `n` bytes, `n` a multiple of [`STEP`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn read_avx2(p: *const u8, n: usize) -> u64 {
+    use std::arch::x86_64::*;
+    // SAFETY: every load lies below `p + n`.
+    unsafe {
+        let mut a = [_mm256_setzero_si256(); 8];
+        let mut o = 0;
+        while o + STEP <= n {
+            for (i, acc) in a.iter_mut().enumerate() {
+                let v = _mm256_loadu_si256(p.add(o + 32 * i).cast());
+                *acc = _mm256_add_epi64(*acc, v);
+            }
+            o += STEP;
+        }
+        let mut lanes = [0u64; 4];
+        for acc in a {
+            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), acc);
+            let s: u64 = lanes.iter().fold(0u64, |x, &y| x.wrapping_add(y));
+            lanes = [s, 0, 0, 0];
+        }
+        lanes[0]
+    }
+}
+
+/// The widest loads this CPU has, by name and reader.
+fn floor_reader() -> (&'static str, fn(&[u8]) -> u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = offgraph_kv::cpu::features();
+        if f.avx512f {
+            // SAFETY: AVX-512F detected; the slice bounds the reads.
+            return ("avx512", |b| unsafe { read_avx512(b.as_ptr(), b.len()) });
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 detected; the slice bounds the reads.
+            return ("avx2", |b| unsafe { read_avx2(b.as_ptr(), b.len()) });
+        }
+    }
+    ("scalar", |b| {
+        b.chunks_exact(8).fold(0u64, |s, c| {
+            s.wrapping_add(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        })
+    })
+}
+
+/// The floor: GB/s of a streaming read of `mib` MiB on each thread count.
+fn floor(a: &Args) -> Result<(), String> {
+    const PASSES: usize = 5;
+    let bytes = a.floor_mib << 20;
+    // Written, not zeroed: zero pages would all map one shared page.
+    let mut buf: Vec<u8> = (0..bytes + 64).map(|i| (i as u8) | 1).collect();
+    let off = buf.as_ptr().align_offset(64).min(64);
+    let data = buf.get_mut(off..off + bytes).ok_or("--floor: buffer")?;
+    let (isa, read) = floor_reader();
+    for &threads in &a.threads {
+        let span = |p: usize| (bytes / STEP * p / threads) * STEP;
+        let sink = std::sync::atomic::AtomicU64::new(0);
+        let part = |p: usize| {
+            let b = data.get(span(p)..span(p + 1)).unwrap_or(&[]);
+            sink.fetch_add(read(b), std::sync::atomic::Ordering::Relaxed);
+        };
+        // One pass first so the pool's threads exist and the pages are warm in the TLB.
+        offgraph_kv::workers::run(threads, &part).map_err(|()| "--floor: a reader panicked")?;
+        let mut medians = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps {
+            let mut gbs = Vec::with_capacity(PASSES);
+            for _ in 0..PASSES {
+                let t0 = Instant::now();
+                offgraph_kv::workers::run(threads, &part)
+                    .map_err(|()| "--floor: a reader panicked")?;
+                gbs.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            }
+            medians.push(median(&mut gbs));
+        }
+        std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
+        let best = medians.iter().copied().fold(f64::NAN, f64::max);
+        let each: Vec<String> = medians.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "{{\"test\": \"floor\", \"mib\": {}, \"threads\": {threads}, \"isa\": \"{isa}\", \"gb_per_s\": [{}], \"best\": {best:.2}}}",
+            a.floor_mib,
+            each.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
@@ -194,6 +337,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.floor_mib > 0 {
+        return match floor(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("okv-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
