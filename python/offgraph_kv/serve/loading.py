@@ -5,6 +5,7 @@ says so (:class:`MissingExtraError`) when it is not installed."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sys
@@ -48,6 +49,27 @@ def resolve(spec: str) -> tuple[str, str | None, str]:
         f"MODEL {spec!r}: not a transformers directory (with config.json), not a .gguf file, "
         f"and not one of {', '.join(KNOWN)}"
     )
+
+
+def identity(spec: str) -> str:
+    """What identifies MODEL ``spec``'s weights, cheaply (the ``system_fingerprint`` is derived
+    from it): a GGUF's name, size and first MiB (its header: metadata and tensor table); a
+    directory's files' names and sizes and its ``config.json``."""
+    where, gguf, _ = resolve(spec)
+    h = hashlib.sha256()
+    if gguf is not None:
+        path = os.path.join(where, gguf)
+        h.update(f"{gguf}\0{os.path.getsize(path)}\0".encode())
+        with open(path, "rb") as f:
+            h.update(f.read(1 << 20))
+        return h.hexdigest()
+    for name in sorted(os.listdir(where)):
+        full = os.path.join(where, name)
+        if os.path.isfile(full):
+            h.update(f"{name}\0{os.path.getsize(full)}\0".encode())
+    with open(os.path.join(where, "config.json"), "rb") as f:
+        h.update(f.read())
+    return h.hexdigest()
 
 
 ENGINES = ("native", "torch")

@@ -12,58 +12,58 @@ import json
 import math
 import time
 import uuid
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ApiError
+from .params import check_extra
+
+__all__ = [
+    "ApiError",
+    "ChatRequest",
+    "CompletionRequest",
+    "Message",
+    "TokenLogprob",
+    "chunk",
+    "logprobs_body",
+    "parse",
+    "response",
+    "usage",
+    "usage_chunk",
+]
 
 MAX_N = 16
 MAX_STOP = 4
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit
 MAX_TOP_LOGPROBS = 20  # chat's (and the generator's)
-
-
-class ApiError(Exception):
-    """An error answered as OpenAI's error body with ``status``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+MAX_CHOICES = 64  # prompts x n of one completions request
+MAX_LOGIT_BIAS = 100.0
+MAX_PENALTY = 2.0
 
 
 class _Strict(BaseModel):
-    # Strict types: "5" is not an int and true is not a number; unknown fields are ignored, as
-    # OpenAI clients send fields this server has no use for.
+    # Strict types: "5" is not an int and true is not a number. Unknown fields are ignored by
+    # the token routes' models (vLLM's and llama-server's shapes); the OpenAI requests refuse
+    # them (see _Sampling).
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    def check(self) -> None:
+        """Checks across fields, after parsing (400 naming the parameter)."""
 
 
 class StreamOptions(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid")
     include_usage: bool = False
+    include_obfuscation: Literal[False] = False  # no padding field is sent: false only
 
 
 class _Sampling(_Strict):
+    # Every field a body may carry is declared here or checked by :mod:`.params` (a label, or
+    # an OpenAI parameter this server refuses unless it is "off"); anything else is a 400.
+    model_config = ConfigDict(strict=True, extra="allow")
+    endpoint: ClassVar[str] = "completions"
+
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
@@ -73,6 +73,59 @@ class _Sampling(_Strict):
     n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    presence_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+
+    def check(self) -> None:
+        """What one field's type and range cannot say: refused and unknown fields, and
+        combinations (400 naming the parameter)."""
+        check_extra(self.model_extra, self.endpoint)
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(
+                400,
+                "stream_options: only allowed when stream is true",
+                param="stream_options",
+                code="invalid_value",
+            )
+        self.stop_strings()
+        self.bias(None)
+
+    def bias(self, vocab_size: int | None) -> dict[int, float] | None:
+        """``logit_bias`` as token id -> bias (keys are ids as strings in JSON), each in
+        [-100, 100] and, given ``vocab_size``, inside the vocabulary."""
+        if not self.logit_bias:
+            return None
+        out: dict[int, float] = {}
+        for key, value in self.logit_bias.items():
+            if not (key.isascii() and key.isdigit()):
+                raise ApiError(
+                    400,
+                    f"logit_bias: {key!r} is not a token id",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
+            tok = int(key)
+            if vocab_size is not None and tok >= vocab_size:
+                raise ApiError(
+                    400,
+                    f"logit_bias: token {tok} is outside the vocabulary [0, {vocab_size})",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
+            if not (math.isfinite(value) and -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+                raise ApiError(
+                    400,
+                    f"logit_bias: {value} for token {tok} is outside [-100, 100]",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
+            out[tok] = value
+        return out
+
+    def max_new_tokens(self) -> tuple[int | None, str]:
+        """The token limit asked for (``None``: the default) and the parameter that set it."""
+        return self.max_tokens, "max_tokens"
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -84,22 +137,41 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+
+    def check(self) -> None:
+        super().check()
+        if self.echo and self.logprobs is not None:
+            # OpenAI's echo + logprobs reports the prompt's tokens' logprobs, which would take
+            # a logits row per prompt token: not computed here.
+            raise ApiError(
+                400,
+                "echo: echo together with logprobs is not supported",
+                param="echo",
+                code="unsupported_parameter",
+            )
+        prompts = self.prompt_inputs()
+        if len(prompts) * self.n > MAX_CHOICES:
+            raise ApiError(
+                400,
+                f"prompt: {len(prompts)} prompts x n={self.n} is more than {MAX_CHOICES} choices",
+                param="prompt",
+                code="invalid_value",
+            )
 
     def logprob_count(self) -> int | None:
         """Top alternatives per token the generator records (``None``: no logprobs)."""
         return self.logprobs
 
-    def prompt_input(self) -> str | list[int]:
+    def prompt_inputs(self) -> list[str | list[int]]:
+        """The prompts, in order: one string, one token list, or a list of either."""
         p = self.prompt
-        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
-            if len(p) != 1:
-                raise ApiError(400, "prompt: one prompt per request", param="prompt")
-            p = p[0]
-        if isinstance(p, str) and p == "" or isinstance(p, list) and not p:
+        many: list[Any] = [p] if isinstance(p, str) or p and isinstance(p[0], int) else list(p)
+        if not many or any(len(x) == 0 for x in many):
             raise ApiError(400, "prompt: empty", param="prompt")
-        return p  # type: ignore[return-value]
+        return many
 
 
 class TextPart(_Strict):
@@ -118,10 +190,31 @@ class Message(_Strict):
 
 
 class ChatRequest(_Sampling):
+    endpoint: ClassVar[str] = "chat"
+
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def check(self) -> None:
+        super().check()
+        self.max_new_tokens()
+        self.logprob_count()
+
+    def max_new_tokens(self) -> tuple[int | None, str]:
+        """``max_completion_tokens``, or its older name ``max_tokens``; both given must agree."""
+        a, b = self.max_completion_tokens, self.max_tokens
+        if a is not None and b is not None and a != b:
+            raise ApiError(
+                400,
+                f"max_completion_tokens: {a} and max_tokens {b} disagree; give one of them",
+                param="max_completion_tokens",
+                code="invalid_value",
+            )
+        if a is not None:
+            return a, "max_completion_tokens"
+        return b, "max_tokens"
 
     def logprob_count(self) -> int | None:
         """Top alternatives per token (``None``: no logprobs); ``top_logprobs`` needs
@@ -147,7 +240,7 @@ class ChatRequest(_Sampling):
         return msgs
 
 
-def parse(body: bytes, model: type[_Sampling]) -> Any:
+def parse(body: bytes, model: type[_Strict]) -> Any:
     """``body`` as ``model``, or :class:`ApiError` (400) naming what is wrong."""
     try:
         text = body.decode("utf-8")
@@ -160,11 +253,13 @@ def parse(body: bytes, model: type[_Sampling]) -> Any:
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     try:
-        return model.model_validate(data)
+        req = model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         param = ".".join(str(x) for x in err["loc"]) or None
         raise ApiError(400, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
+    req.check()
+    return req
 
 
 def new_id(prefix: str) -> str:
@@ -242,6 +337,7 @@ def response(
     choices: list[tuple[str, str | None]],
     use: dict[str, Any],
     logprobs: list[dict[str, Any] | None] | None = None,
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """A whole (non-streamed) completion: ``choices`` are ``(text, finish_reason)``,
     ``logprobs`` each choice's :func:`logprobs_body` (``None``: none asked)."""
@@ -264,6 +360,7 @@ def response(
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
+        "system_fingerprint": fingerprint,
         "choices": out,
         "usage": use,
     }
@@ -278,14 +375,17 @@ def chunk(
     reason: str | None,
     first: bool = False,
     logprobs: dict[str, Any] | None = None,
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk of choice ``index``: a text delta and/or its finish reason, and the
-    :func:`logprobs_body` of the tokens whose text it carries."""
+    :func:`logprobs_body` of the tokens whose text it carries. A chat choice's first delta is
+    ``{"role": "assistant", "content": ""}``, as OpenAI's (clients index ``content``)."""
     if chat:
         delta: dict[str, Any] = {}
         if first:
             delta["role"] = "assistant"
-        if text:
+            delta["content"] = text or ""
+        elif text:
             delta["content"] = text
         choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason}
     else:
@@ -296,16 +396,20 @@ def chunk(
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
+        "system_fingerprint": fingerprint,
         "choices": [choice],
     }
 
 
-def usage_chunk(chat: bool, rid: str, model: str, use: dict[str, Any]) -> dict[str, Any]:
+def usage_chunk(
+    chat: bool, rid: str, model: str, use: dict[str, Any], fingerprint: str | None = None
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
+        "system_fingerprint": fingerprint,
         "choices": [],
         "usage": use,
     }

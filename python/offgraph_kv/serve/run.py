@@ -55,8 +55,9 @@ def build(opts: ServeOptions) -> Any:
     native path imports neither torch nor transformers (torch alone is ~490 MB resident)."""
     from ..batch import BatchGenerator
     from .app import create_app
-    from .loading import engine_of, load, load_native
+    from .loading import engine_of, identity, load, load_native
     from .metrics import Metrics
+    from .server import fingerprint
     from .worker import RequestWorker
 
     if engine_of(opts.model, opts.engine) == "native":
@@ -91,6 +92,7 @@ def build(opts: ServeOptions) -> Any:
         opts.served_model_name or name,
         api_key=opts.api_key or None,
         protect_metrics=opts.protect_metrics,
+        system_fingerprint=fingerprint(f"{identity(opts.model)}\0{type(model).__name__}"),
     )
 
 

@@ -39,6 +39,10 @@ class Job:
     events: asyncio.Queue  # (index, kind, arg), shared by the choices of one request
     index: int = 0  # the choice's index in its request
     logprobs: int | None = None  # top alternatives per token; None: no logprobs
+    logit_bias: dict[int, float] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    max_tokens_param: str = "max_tokens"  # the request's name of max_tokens, for its errors
     # Shared by the choices of one request: [True] once one of them has started. The queue
     # counts requests, not choices.
     ticket: list[bool] = field(default_factory=lambda: [False])
@@ -80,24 +84,25 @@ class RequestWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def check_fits(self, prompt: list[int], max_tokens: int) -> None:
-        """Refuse (400 ``context_length_exceeded``) a request the cache can never hold."""
+    def check_fits(self, prompt: list[int], max_tokens: int, param: str = "max_tokens") -> None:
+        """Refuse (400 ``context_length_exceeded``, naming ``param``, the request's name of
+        ``max_tokens``) a request the cache can never hold."""
         gen = self.gen
         total = len(prompt) + max_tokens - 1
         if total > gen.max_positions:
             raise ApiError(
                 400,
                 f"this model's context is {gen.max_positions} tokens; the request needs "
-                f"{total} ({len(prompt)} prompt + {max_tokens} max_tokens - 1)",
-                param="max_tokens",
+                f"{total} ({len(prompt)} prompt + {max_tokens} {param} - 1)",
+                param=param,
                 code="context_length_exceeded",
             )
         if gen.cells_needed(total) > gen.n_cells:
             raise ApiError(
                 400,
                 f"the cache holds {gen.n_cells} tokens; the request may write {total} "
-                f"({len(prompt)} prompt + {max_tokens} max_tokens - 1)",
-                param="max_tokens",
+                f"({len(prompt)} prompt + {max_tokens} {param} - 1)",
+                param=param,
                 code="context_length_exceeded",
             )
         bad = [t for t in prompt if not 0 <= t < gen.vocab_size]
@@ -112,7 +117,7 @@ class RequestWorker:
         """Queue ``jobs`` (the choices of one request), all or none: 503 when the queue is full
         or the server is shutting down."""
         for job in jobs:
-            self.check_fits(job.prompt, job.max_tokens)
+            self.check_fits(job.prompt, job.max_tokens, job.max_tokens_param)
             job.ticket = jobs[0].ticket
         with self._lock:
             if self._closing:
@@ -208,6 +213,9 @@ class RequestWorker:
                             top_p=job.top_p,
                             seed=job.seed,
                             logprobs=job.logprobs,
+                            logit_bias=job.logit_bias,
+                            frequency_penalty=job.frequency_penalty,
+                            presence_penalty=job.presence_penalty,
                         )
                     except CacheError as e:  # submit's checks should have caught it
                         self._end(job, "error", str(e))

@@ -1,5 +1,6 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``, whole or streamed (server-sent
-events): the request's choices are jobs for the worker, their text cut at stop strings."""
+events): the request's choices are jobs for the worker (``n`` per prompt, prompts in order),
+their text cut at stop strings; with ``echo`` a completion's text starts with its prompt's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import protocol as P
 from ..choice import Choice
-from ..server import Server
+from ..server import Prompt, Server
 
 __all__ = ["register"]
 
@@ -33,14 +34,18 @@ def register(app: FastAPI, srv: Server) -> None:
 async def _complete(srv: Server, request: Request, chat: bool) -> Response:
     req = P.parse(await request.body(), P.ChatRequest if chat else P.CompletionRequest)
     stops = req.stop_strings()
-    jobs, ids, events = srv.jobs(req, chat)
+    jobs, prompts, events = srv.jobs(req, chat)
     srv.worker.submit(jobs)
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     choices = [Choice(job, srv.tok, stops) for job in jobs]
+    # The text each choice starts with: its prompt's with echo (completions), else nothing.
+    echo = [
+        prompts[i // req.n].text if getattr(req, "echo", False) else "" for i in range(len(jobs))
+    ]
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(
-            _stream(srv, request, chat, rid, choices, events, len(ids), include_usage),
+            _stream(srv, request, chat, rid, choices, events, prompts, echo, include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -53,18 +58,20 @@ async def _complete(srv: Server, request: Request, chat: bool) -> Response:
     errors = [c for c in choices if c.reason == "error"]
     if errors:
         raise P.ApiError(500, errors[0].text or "generation failed", "server_error")
-    use = _usage(choices, len(ids))
+    use = _usage(choices, prompts)
     lps = [P.logprobs_body(chat, c.take_logprobs()) for c in choices]
-    texts = [(c.text, c.reason) for c in choices]
-    body = P.response(chat, rid, srv.model_name, texts, use, lps)
+    texts = [(e + c.text, c.reason) for e, c in zip(echo, choices)]
+    body = P.response(chat, rid, srv.model_name, texts, use, lps, srv.fingerprint)
     return JSONResponse(body)
 
 
-def _usage(choices: list[Choice], n_prompt: int) -> dict[str, Any]:
-    # One prompt for every choice; its cached tokens are those the first choice found shared
-    # (the other choices fork that choice's prefilled prompt).
+def _usage(choices: list[Choice], prompts: list[Prompt]) -> dict[str, Any]:
+    # Each prompt counted once; its cached tokens are those its first choice found shared (the
+    # other choices fork that choice's prefilled prompt).
+    n = len(choices) // len(prompts)
     done = sum(len(c.ids) for c in choices)
-    return P.usage(n_prompt, done, choices[0].job.cached_tokens)
+    cached = sum(choices[i * n].job.cached_tokens for i in range(len(prompts)))
+    return P.usage(sum(len(p.ids) for p in prompts), done, cached)
 
 
 async def _events(
@@ -108,16 +115,17 @@ async def _stream(
     rid: str,
     choices: list[Choice],
     events: asyncio.Queue,
-    n_prompt: int,
+    prompts: list[Prompt],
+    echo: list[str],
     include_usage: bool,
 ) -> AsyncIterator[str]:
-    name = srv.model_name
-    first = [True] * len(choices)
+    name, fp = srv.model_name, srv.fingerprint
     try:
-        if chat:  # the role comes first, as OpenAI's streams do
-            for i in range(len(choices)):
-                yield _sse(P.chunk(chat, rid, name, i, "", None, first=True))
-                first[i] = False
+        for i in range(len(choices)):
+            if chat:  # the role comes first, as OpenAI's streams do
+                yield _sse(P.chunk(chat, rid, name, i, "", None, first=True, fingerprint=fp))
+            elif echo[i]:  # the echoed prompt, before any generated text
+                yield _sse(P.chunk(chat, rid, name, i, echo[i], None, fingerprint=fp))
         async for i in _events(srv, request, choices, events):
             c = choices[i]
             if c.reason == "error":
@@ -127,9 +135,12 @@ async def _stream(
             text = c.pending()
             if text or c.reason is not None:
                 lps = P.logprobs_body(chat, c.take_logprobs())
-                yield _sse(P.chunk(chat, rid, name, i, text, c.reason, logprobs=lps))
+                yield _sse(
+                    P.chunk(chat, rid, name, i, text, c.reason, logprobs=lps, fingerprint=fp)
+                )
         if include_usage:
-            yield _sse(P.usage_chunk(chat, rid, name, _usage(choices, n_prompt)))
+            use = _usage(choices, prompts)
+            yield _sse(P.usage_chunk(chat, rid, name, use, fp))
         yield "data: [DONE]\n\n"
     finally:  # the client went away (or the stream ended): free what still runs
         for c in choices:
