@@ -1,0 +1,156 @@
+"""The tool-call syntaxes parsed back into OpenAI calls, without a model: each syntax whole and
+fed in random splits gives the same content and calls (the stream's argument deltas add up to
+the whole reply's arguments); text that only looks like a call stays content; which syntax a
+template teaches."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from offgraph_kv.serve.tools import ToolCallParser, syntax_for
+
+WEATHER = {"city": "Paris", "unit": "C", "days": [1, 2], "q": 'a "b" } <tool_call>'}
+W = json.dumps(WEATHER)
+
+# (syntax, reply, content, [(name, arguments as a JSON value)])
+CASES = [
+    (
+        "hermes",
+        f'<tool_call>\n{{"name": "weather", "arguments": {W}}}\n</tool_call>',
+        None,
+        [("weather", WEATHER)],
+    ),
+    (
+        "hermes",
+        f'Let me look.\n<tool_call>{{"arguments": {W}, "name": "weather"}}</tool_call>'
+        f'\n<tool_call>\n{{"name": "time", "arguments": {{}}}}\n</tool_call>',
+        "Let me look.",
+        [("weather", WEATHER), ("time", {})],
+    ),
+    ("hermes", '<tool_call>{"name": "time"}</tool_call>', None, [("time", {})]),
+    (
+        "hermes",
+        '<tool_call>{"name": "w", "arguments": "{\\"a\\": 1}"}</tool_call>',
+        None,
+        [("w", {"a": 1})],
+    ),
+    (
+        "hermes",
+        "Use <tool_call> tags like <b>this</b>.",
+        "Use <tool_call> tags like <b>this</b>.",
+        [],
+    ),
+    (
+        "hermes",
+        "No calls here, just text < and > <tool",
+        "No calls here, just text < and > <tool",
+        [],
+    ),
+    ("hermes", "  padded text  ", "  padded text  ", []),
+    ("llama3", f'{{"name": "weather", "parameters": {W}}}', None, [("weather", WEATHER)]),
+    (
+        "llama3",
+        f'<|python_tag|>{{"type": "function", "name": "weather", "parameters": {W}}}; '
+        '{"name": "time", "parameters": {}}',
+        None,
+        [("weather", WEATHER), ("time", {})],
+    ),
+    ("llama3", '{"colour": "blue"}', '{"colour": "blue"}', []),
+    ("llama3", "Paris is sunny {today}.", "Paris is sunny {today}.", []),
+    (
+        "mistral",
+        f'[TOOL_CALLS][{{"name": "weather", "arguments": {W}}}, '
+        '{"name": "time", "arguments": {}}]',
+        None,
+        [("weather", WEATHER), ("time", {})],
+    ),
+    (
+        "mistral",
+        f"Sure.[TOOL_CALLS]weather[ARGS]{W}[TOOL_CALLS]time[ARGS]{{}}",
+        "Sure.",
+        [("weather", WEATHER), ("time", {})],
+    ),
+    ("mistral", "[TOOL_CALLS] oh no, not a call", "[TOOL_CALLS] oh no, not a call", []),
+]
+
+
+def run(syntax: str, pieces: list[str], max_calls: int | None = None):
+    p = ToolCallParser(syntax, max_calls)
+    events = []
+    for piece in pieces:
+        events += p.feed(piece)
+    events += p.finish()
+    content = "".join(e[1] for e in events if e[0] == "content")
+    calls: dict[int, list] = {}
+    for e in events:
+        if e[0] == "call":
+            assert e[1] == len(calls) and e[2].startswith("call_")
+            calls[e[1]] = [e[3], ""]
+        elif e[0] == "args":
+            calls[e[1]][1] += e[2]
+    assert content == p.content
+    assert [(c.name, c.arguments) for c in p.calls] == [tuple(v) for v in calls.values()]
+    return (content or None if calls else content), [(n, json.loads(a)) for n, a in calls.values()]
+
+
+def splits(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+@pytest.mark.parametrize("syntax,reply,content,calls", CASES)
+def test_whole_and_streamed_in_random_splits_agree(syntax, reply, content, calls):
+    assert run(syntax, [reply]) == (content, calls)
+    rng = random.Random(reply)
+    for _ in range(20):
+        assert run(syntax, splits(reply, rng)) == (content, calls)
+    assert run(syntax, list(reply)) == (content, calls)  # a character at a time
+
+
+def test_arguments_stream_as_they_are_written():
+    p = ToolCallParser("hermes")
+    assert p.feed("<tool_call>\n{") == []
+    call, first = p.feed('"name": "weather", "arguments": {"ci')
+    assert call[0] == "call" and call[3] == "weather" and first == ("args", 0, '{"ci')
+    assert p.feed('ty": "Paris"') == [("args", 0, 'ty": "Paris"')]
+    assert p.calls[0].arguments == '{"city": "Paris"'
+    p.feed("}}\n</tool_call>")
+    assert p.finish() == [] and json.loads(p.calls[0].arguments) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize(
+    "syntax,first,rest",
+    [
+        ("hermes", '<tool_call>{"name": "a", "arguments": {}}', '\n</tool_call><tool_call>{"n'),
+        ("llama3", '{"name": "a", "parameters": {}', '}; {"name": "b", "parameters": {}}'),
+        ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {}}', ', {"name": "b"'),
+        ("mistral", "[TOOL_CALLS]a[ARGS]{", '}[TOOL_CALLS]b[ARGS]{"x": 1}'),
+    ],
+)
+def test_max_calls_closes_the_reply_once_the_call_is_written(syntax, first, rest):
+    p = ToolCallParser(syntax, max_calls=1)
+    p.feed(first)
+    assert not p.closed  # the call's object or its closing marker is still to come
+    for ch in rest:
+        p.feed(ch)
+    assert p.closed and p.finish() == [] and [(c.name, c.arguments) for c in p.calls] == [("a", "{}")]
+
+
+def test_a_cut_call_keeps_what_was_written():
+    p = ToolCallParser("hermes")
+    p.feed('<tool_call>{"name": "a", "arguments": {"x": 1')
+    p.finish()
+    assert [(c.name, c.arguments) for c in p.calls] == [("a", '{"x": 1')]
+
+
+def test_syntax_for_templates():
+    assert syntax_for(None) == ("hermes", False)
+    assert syntax_for("{{ messages[0]['content'] }}") == ("hermes", False)
+    qwen = "{% if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>{% endif %}"
+    assert syntax_for(qwen) == ("hermes", True)
+    llama = "{% if tools %}{{ '<|python_tag|>' }}{% endif %}"
+    assert syntax_for(llama) == ("llama3", True)
+    assert syntax_for("{{ '[TOOL_CALLS]' }}{{ tools }}") == ("mistral", True)
+    assert syntax_for("<tool_call> mentioned, tools never rendered") == ("hermes", False)
