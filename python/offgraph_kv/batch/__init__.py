@@ -14,6 +14,8 @@ Usage::
     # logprobs=k (0..20): each token's logprob and its step's top k, taken as they come
     rid = gen.add(ids, max_new_tokens=8, logprobs=5)
     gen.step(); gen.take_logprobs(rid)   # [LogprobEntry(token, logprob, top=[(id, lp), ...])]
+    # constrained decoding (llguidance): a JSON schema, any JSON object, a regex, a Lark grammar
+    rid = gen.add(ids, max_new_tokens=64, constraint=Constraint.json_schema(schema))
 
 One cache, one forward per step: every layer of the model writes into one cell cache (flat
 layers and ``Ring(window)`` layers); a step is one forward over the flattened tokens of every
@@ -34,12 +36,15 @@ Where each part lives (what to change for what):
 * :mod:`.sampling`: greedy, temperature and top-p from a per-request seeded generator; the
   logprob entries (``log_softmax`` of the raw logits row, top-k by ``argpartition``).
 * :mod:`.requests`: a request's fields and checks, the table of requests by id.
+* :mod:`.constraint`: :class:`Constraint`, what a constrained request may generate, checked
+  when built; :mod:`.guide`: the grammar tokenizer, a request's matcher, a step's masks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .constraint import Constraint
 from .generator import BatchGenerator
 from .model_step import CellsModel, ModelStep, model_step
 
@@ -47,6 +52,7 @@ __all__ = [
     "CELL_ATTN_NAME",
     "BatchGenerator",
     "CellsModel",
+    "Constraint",
     "ModelStep",
     "cell_attention",
     "model_step",

@@ -23,6 +23,13 @@ request by id.
   logits row adjusted by OpenAI's formula before it is sampled (greedy too; see
   :func:`~offgraph_kv.batch.sampling.adjusted`); its logprobs stay the model's. Requests
   without them cost nothing.
+* **Constraints.** A request added with ``constraint`` (a
+  :class:`~offgraph_kv.batch.Constraint`: a JSON schema, any JSON object, a regex or a Lark
+  grammar) generates only what the grammar allows: its row (a copy) is masked before it is
+  sampled, the mask computed on a thread while the forward runs, and it stops
+  (``"stop"``) once the grammar is complete. Grammars compile against the generator's
+  ``tokenizer`` (the native engine's own by default), built on the first constrained request.
+  Free requests in the same batch are untouched (see :mod:`.guide`).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _native as _okv
 from .._errors import CapacityError, InvalidArgumentError
+from .constraint import Constraint
+from .guide import Guide, StepMasks, allowed, grammar_tokenizer
 from .model_step import CellsModel, ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
 from .sampling import LogprobEntry, adjusted, logprob_entry, sample
@@ -89,6 +98,9 @@ class BatchGenerator:
             keeps evicted cached sequences' chunks in process memory, deduplicated, for later
             prompts sharing their prefix (asked before ``store``); ``None`` or 0: off. A
             ``HostTier`` is used as given.
+        tokenizer: what constrained requests' grammars compile against (a GGUF tokenizer or a
+            fast Hugging Face one); ``None``: the model's ``tokenizer`` attribute, if it has
+            one (a :class:`~offgraph_kv.GgufModel` has).
 
     With a transformers model, ``step`` switches ``model.config._attn_implementation`` to
     ``CELL_ATTN_NAME`` for the duration of its forward and restores it after: do not run the
@@ -106,6 +118,7 @@ class BatchGenerator:
         store: Any = None,
         host_cache_bytes: Any = None,
         max_prefill_tokens: int | None = None,
+        tokenizer: Any = None,
     ):
         if isinstance(max_batch_tokens, bool) or int(max_batch_tokens) < 1:
             raise InvalidArgumentError(f"max_batch_tokens: expected >= 1, got {max_batch_tokens}")
@@ -177,6 +190,12 @@ class BatchGenerator:
         self._lock = threading.RLock()
         self._stepping = False  # a forward is in flight: cancelling a running request waits
         self._cancels: list[Request] = []  # running requests cancelled during the forward
+        self._tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        self._ll_tokenizer: Any = None  # llguidance's, built on the first constraint
+        self._ll_lock = threading.Lock()
+        self.masks = StepMasks(self.vocab_size)
+        """The constrained requests' masks; ``masks.overlap = False`` computes them after the
+        forward instead of during it (a benchmark's comparison)."""
         self._counts = {
             "steps": 0,
             "forward_tokens": 0,
@@ -229,6 +248,7 @@ class BatchGenerator:
         logit_bias: Mapping[int, float] | None = None,
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
+        constraint: Constraint | None = None,
     ) -> int:
         """Queue a request; returns its id. It joins the batch at the next step it fits.
 
@@ -237,7 +257,9 @@ class BatchGenerator:
         ``logit_bias``: token id -> bias in ``[-100, 100]`` added to its logit (-100 bans it,
         +100 all but forces it); ``frequency_penalty`` / ``presence_penalty`` in ``[-2, 2]``:
         subtracted from a token's logit per time it was generated / once it was (OpenAI's
-        semantics, the prompt not counted)."""
+        semantics, the prompt not counted). ``constraint``: a
+        :class:`~offgraph_kv.batch.Constraint` its output must match (it stops with ``"stop"``
+        once the grammar is complete); ``max_new_tokens`` still cuts it (``"length"``)."""
         req = self._request(
             prompt_ids,
             max_new_tokens,
@@ -249,13 +271,44 @@ class BatchGenerator:
             logit_bias=logit_bias,
             frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty,
+            constraint=constraint,
         )
         with self._lock:
             self._queue([req])
         return req.rid
 
-    def _request(self, prompt_ids: Any, max_new_tokens: int, *args: Any, **kw: Any) -> Request:
-        return new_request(self._ids, self._limits, prompt_ids, max_new_tokens, *args, **kw)
+    def _request(
+        self,
+        prompt_ids: Any,
+        max_new_tokens: int,
+        *args: Any,
+        constraint: Constraint | None = None,
+        **kw: Any,
+    ) -> Request:
+        guide = None if constraint is None else self.guide(constraint)
+        return new_request(
+            self._ids, self._limits, prompt_ids, max_new_tokens, *args, guide=guide, **kw
+        )
+
+    def prepare_constraints(self) -> None:
+        """Build the grammar tokenizer now rather than on the first constrained request (a
+        server calls it off its stepping thread at start: ~0.4 s at 49K tokens, ~3 s at 262K).
+        Raises what the first constraint would (no tokenizer, llguidance not installed)."""
+        with self._ll_lock:
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = grammar_tokenizer(
+                    self._tokenizer, self.vocab_size, self.eos_token_ids
+                )
+
+    def guide(self, constraint: Constraint) -> Guide:
+        """A fresh matcher of ``constraint`` over this generator's vocabulary (the grammar
+        tokenizer is built on the first call)."""
+        if not isinstance(constraint, Constraint):
+            raise InvalidArgumentError(
+                f"constraint: expected a Constraint or None, got {type(constraint).__name__}"
+            )
+        self.prepare_constraints()
+        return Guide(self._ll_tokenizer, constraint)
 
     def _queue(self, reqs: list[Request]) -> None:
         self._sched.waiting.extend(reqs)
@@ -375,17 +428,21 @@ class BatchGenerator:
                     samplers.append(req)
             self.kc.begin_step(seq_ids, positions)
             self._stepping = True
+            # The constrained samplers' masks, computed while the forward runs.
+            self.masks.start([r.guide for r in samplers if r.guide is not None])
         try:
             logits = self._forward(tokens, positions, rows)
         except BaseException:
+            self.masks.rows()  # the masks of a step that did not happen
             with self._lock:
                 self._stepping = False
                 self._sched.unfed(plan)  # the step's tokens are not held: drop them
                 self._apply_cancels()
             raise
+        masks = self.masks.rows()
         with self._lock:
             self._stepping = False
-            out = self._take(plan, samplers, logits, len(tokens))
+            out = self._take(plan, samplers, logits, len(tokens), masks)
             self._apply_cancels()
         return out
 
@@ -394,7 +451,12 @@ class BatchGenerator:
         return self.model_step.forward_cells(self.kc, tokens, positions, rows)
 
     def _take(
-        self, plan: Plan, samplers: list[Request], logits: Any, n_tokens: int
+        self,
+        plan: Plan,
+        samplers: list[Request],
+        logits: Any,
+        n_tokens: int,
+        masks: Any = None,
     ) -> list[tuple[int, int]]:
         """Account a step's forward: tokens held, the tokens sampled, requests finished."""
         prefill, decode = self._sched.fed(plan)
@@ -403,9 +465,10 @@ class BatchGenerator:
         self._counts["steps"] += 1
         self._counts["forward_tokens"] += n_tokens
         out: list[tuple[int, int]] = []
+        guided = 0  # the next constrained sampler's row of `masks`
         for i, req in enumerate(samplers):
             row = logits[i]
-            if req.adjusts:  # only requests that asked pay for the copy
+            if req.adjusts or req.guide is not None:  # only requests that asked pay for the copy
                 row = adjusted(
                     row,
                     req.logit_bias,
@@ -413,7 +476,18 @@ class BatchGenerator:
                     req.frequency_penalty,
                     req.presence_penalty,
                 )
-            tok = sample(row, req.temperature, req.top_p, req.generator)
+            complete = False
+            if req.guide is not None:
+                ok = allowed(masks[guided], row.shape[0])
+                guided += 1
+                if ok.any():
+                    row[~ok] = -float("inf")
+                    tok = sample(row, req.temperature, req.top_p, req.generator)
+                    complete = req.guide.advance(tok)
+                else:  # a grammar that allows nothing (cannot be continued): end the output
+                    tok, complete = min(req.eos or self.eos_token_ids or [0]), True
+            else:
+                tok = sample(row, req.temperature, req.top_p, req.generator)
             if req.logprobs is not None:  # only requests that asked pay for the softmax
                 req.logprob_entries.append(logprob_entry(logits[i], tok, req.logprobs))
             if req.frequency_penalty or req.presence_penalty:
@@ -421,7 +495,7 @@ class BatchGenerator:
             req.tokens.append(tok)
             out.append((req.rid, tok))
             self._counts["generated_tokens"] += 1
-            if tok in req.eos:
+            if tok in req.eos or complete:
                 self._finish(req, "stop")
             elif len(req.generated) >= req.max_new_tokens:
                 self._finish(req, "length")

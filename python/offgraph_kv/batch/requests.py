@@ -51,6 +51,7 @@ class Request:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     counts: dict[int, int] = field(default_factory=dict)  # generated token -> times (penalties)
+    guide: Any = None  # a .guide.Guide: the grammar its output must match; None: free
 
     @property
     def adjusts(self) -> bool:
@@ -131,9 +132,11 @@ def new_request(
     logit_bias: Mapping[int, float] | None = None,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
+    guide: Any = None,
 ) -> Request:
     """A checked request (not queued); its id is drawn from ``ids`` only once every check
-    passed, so a refused request takes no id."""
+    passed, so a refused request takes no id. ``guide``: its constraint's matcher (built by
+    the generator, which holds the grammar tokenizer)."""
     prompt = prompt_tokens(prompt_ids, limits.vocab_size)
     try:
         max_new = operator.index(max_new_tokens)
@@ -174,6 +177,7 @@ def new_request(
         logit_bias=bias,
         frequency_penalty=freq,
         presence_penalty=pres,
+        guide=guide,
     )
 
 
