@@ -7,7 +7,7 @@ body lands here:
 * :data:`LABELS`: opaque labels whose whole meaning is to be carried along (``user``,
   ``metadata``, ...); accepted, and nothing depends on them;
 * :data:`REFUSED`: OpenAI parameters this server does not implement; accepted only when null or
-  given the value that means "off" (``response_format: {"type": "text"}``,
+  given the value that means "off" (``modalities: ["text"]``,
   ``tool_choice: "none"``, ...), else a 400 ``unsupported_parameter``;
 * anything else: a 400 ``unknown_parameter``, as OpenAI answers an unrecognized argument
   (vendor extensions too: a sampling knob silently dropped changes the output unseen).
@@ -39,7 +39,6 @@ REFUSED: dict[str, tuple[tuple[str, ...], tuple[Any, ...], str]] = {
     "parallel_tool_calls": ((CHAT,), (), "tool calling is not supported"),
     "functions": ((CHAT,), (), "function calling is not supported"),
     "function_call": ((CHAT,), ("none",), "function calling is not supported"),
-    "response_format": ((CHAT,), ({"type": "text"},), "only text replies are supported"),
     "prediction": ((CHAT,), (), "predicted outputs are not supported"),
     "audio": ((CHAT,), (), "audio output is not supported"),
     "modalities": ((CHAT,), (["text"],), "only text output is supported"),

@@ -14,10 +14,11 @@ import time
 import uuid
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from .errors import ApiError
 from .params import check_extra
+from .structured import constraint_of
 
 __all__ = [
     "ApiError",
@@ -76,11 +77,27 @@ class _Sampling(_Strict):
     logit_bias: dict[str, float] | None = None
     frequency_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     presence_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    # Structured output (see .structured): OpenAI's response_format, and vLLM's and
+    # llama.cpp's extensions; at most one per request, compiled by check().
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    _constraint: Any = PrivateAttr(default=None)
+
+    @property
+    def constraint(self) -> Any:
+        """The :class:`~offgraph_kv.batch.Constraint` the request asks for (``None``: free)."""
+        return self._constraint
 
     def check(self) -> None:
         """What one field's type and range cannot say: refused and unknown fields, and
         combinations (400 naming the parameter)."""
         check_extra(self.model_extra, self.endpoint)
+        self._constraint = constraint_of(self)
         if self.stream_options is not None and not self.stream:
             raise ApiError(
                 400,

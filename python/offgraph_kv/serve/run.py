@@ -69,6 +69,8 @@ def build(opts: ServeOptions) -> Any:
             torch.set_num_threads(opts.threads)
         model, tok, name = load(opts.model)
     kw: dict[str, Any] = {}
+    if tok is not None and not hasattr(model, "tokenizer"):  # what grammars compile against
+        kw["tokenizer"] = tok
     if opts.store:  # loaded on admission, saved as each prefill passes a chunk's end
         from ..store import PrefixStore, RedisBackend
 

@@ -91,6 +91,13 @@ class Server:
                 code="model_not_found",
             )
         bias = req.bias(self.worker.gen.vocab_size)
+        if req.constraint is not None and self.tok is None:
+            raise P.ApiError(
+                400,
+                "this model has no tokenizer to compile grammars against",
+                param="response_format",
+                code="unsupported_parameter",
+            )
         prompts = self.prompts(req, chat)
         max_tokens, param = req.max_new_tokens()
         if max_tokens is None:
@@ -112,6 +119,7 @@ class Server:
                 logit_bias=bias,
                 frequency_penalty=req.frequency_penalty,
                 presence_penalty=req.presence_penalty,
+                constraint=req.constraint,
                 max_tokens_param=param,
             )
             for i, p in enumerate(prompts)

@@ -13,11 +13,14 @@ added; it holds the special tokens it wants, BOS included) tokenized without add
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from .._errors import InvalidArgumentError
 from ..gguf_model import family_chat_defaults
+from .tool_prompt import template_chat
+from .tools import special_pieces, syntax_for
 
 __all__ = ["GgufTokens", "HfTokens", "render_chat", "tokens_for"]
 
@@ -36,22 +39,76 @@ def _template(source: str) -> Any:
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
     )
     env.globals["raise_exception"] = raise_exception
+    # transformers' tojson: plain JSON in the given key order (jinja's own escapes HTML and
+    # sorts keys, which templates that render tools and arguments with it do not expect).
+    env.filters["tojson"] = _tojson
     return env.from_string(source)
 
 
-def render_chat(template: str, messages: list[dict[str, str]], **special: str | None) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def render_chat(
+    template: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    **special: str | None,
+) -> str:
     """``template`` (Jinja, as a chat template is) rendered for ``messages`` with the
-    generation prompt; ``special`` names the tokens it may use (``bos_token``, ``eos_token``).
+    generation prompt; ``tools`` as transformers passes them (left out when ``None``);
+    ``special`` names the tokens it may use (``bos_token``, ``eos_token``).
 
     Raises:
         ValueError: the template refuses the messages, or is not valid Jinja.
     """
     import jinja2
 
+    extra = {} if tools is None else {"tools": tools}
     try:
-        return _template(template).render(messages=messages, add_generation_prompt=True, **special)
+        return _template(template).render(
+            messages=messages, add_generation_prompt=True, **extra, **special
+        )
     except jinja2.TemplateError as e:
         raise ValueError(f"chat template: {e}") from None
+
+
+class _ToolFace:
+    """What both faces do for tools: the syntax their template teaches, the chat the template
+    gets (:func:`~.tool_prompt.template_chat`), and the syntax's markers as token ids."""
+
+    template: str | None
+
+    @functools.cached_property
+    def tool_syntax(self) -> tuple[str, bool]:
+        """``(syntax, native)`` of :func:`~.tools.syntax_for` for this face's template."""
+        return syntax_for(self.template if isinstance(self.template, str) else None)
+
+    def _chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        syntax, native = self.tool_syntax
+        return template_chat(messages, tools, native, syntax)
+
+    def marker_ids(self) -> dict[int, str]:
+        """The tool-call syntax's markers that are single tokens here: id -> text."""
+        out = {}
+        for piece in special_pieces(self.tool_syntax[0]):
+            tid = self._piece_id(piece)
+            if tid is not None:
+                out[tid] = piece
+        return out
+
+    def _piece_id(self, piece: str) -> int | None:
+        raise NotImplementedError
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
@@ -65,7 +122,7 @@ def _check_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
     return out
 
 
-class GgufTokens:
+class GgufTokens(_ToolFace):
     """The face of a GGUF's tokenizer (:class:`~offgraph_kv.gguf_model.GgufTokenizer`): its chat
     template is the file's, else ``template`` (the model family's, which the model gives: the
     Gemma 3 GGUF has none); generation stops at eos and the family's turn ends."""
@@ -86,12 +143,18 @@ class GgufTokens:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(_check_ids(ids, self.vocab_size), True)
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         if not self.template:
             raise ValueError("the model has no chat template")
         bos, eos = self._piece(self.tok.bos_token_id), self._piece(self.tok.eos_token_id)
-        text = render_chat(self.template, messages, bos_token=bos, eos_token=eos)
+        messages, tools = self._chat(messages, tools)
+        text = render_chat(self.template, messages, tools, bos_token=bos, eos_token=eos)
         return self.encode(text, add_special_tokens=False)
+
+    def _piece_id(self, piece: str) -> int | None:
+        return self.tok.token_to_id(piece)
 
     def token_bytes(self, token_id: int) -> bytes:
         return bytes(self.tok.token_bytes(_check_ids([token_id], self.vocab_size)[0]))
@@ -100,7 +163,7 @@ class GgufTokens:
         return self.token_bytes(token_id).decode("utf-8", "replace")
 
 
-class HfTokens:
+class HfTokens(_ToolFace):
     """The face of a Hugging Face tokenizer (the torch path), as the server always used it."""
 
     def __init__(self, tok: Any):
@@ -120,9 +183,22 @@ class HfTokens:
         # tokenizer's, and an id of the padding decodes to nothing rather than failing a stream.
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    @property
+    def template(self) -> str | None:
+        return getattr(self.tok, "chat_template", None)
+
+    def chat_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        messages, tools = self._chat(messages, tools)
+        text = self.tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
         return self.encode(text, add_special_tokens=False)
+
+    def _piece_id(self, piece: str) -> int | None:
+        tid = self.tok.get_vocab().get(piece)
+        return None if tid is None else int(tid)
 
     def token_text(self, token_id: int) -> str:
         return self.tok.decode(_check_ids([token_id], self.vocab_size))

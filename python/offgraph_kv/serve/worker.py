@@ -42,6 +42,7 @@ class Job:
     logit_bias: dict[int, float] | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    constraint: Any = None  # a Constraint the reply must match; None: free
     max_tokens_param: str = "max_tokens"  # the request's name of max_tokens, for its errors
     # Shared by the choices of one request: [True] once one of them has started. The queue
     # counts requests, not choices.
@@ -83,6 +84,15 @@ class RequestWorker:
 
     def start(self) -> None:
         self._thread.start()
+        # The grammar tokenizer, built beside the stepping thread: the first constrained request
+        # does not stall every stream for it. Without one, constrained requests fail alone.
+        threading.Thread(target=self._prepare_constraints, daemon=True).start()
+
+    def _prepare_constraints(self) -> None:
+        try:
+            self.gen.prepare_constraints()
+        except Exception:  # no tokenizer or no llguidance: said by each constrained request
+            pass
 
     def check_fits(self, prompt: list[int], max_tokens: int, param: str = "max_tokens") -> None:
         """Refuse (400 ``context_length_exceeded``, naming ``param``, the request's name of
@@ -216,6 +226,7 @@ class RequestWorker:
                             logit_bias=job.logit_bias,
                             frequency_penalty=job.frequency_penalty,
                             presence_penalty=job.presence_penalty,
+                            constraint=job.constraint,
                         )
                     except CacheError as e:  # submit's checks should have caught it
                         self._end(job, "error", str(e))
@@ -254,9 +265,10 @@ class RequestWorker:
             # The token's logprob entry (one per step), or None when the job asked for none.
             entries = self.gen.take_logprobs(rid) if job.logprobs is not None else None
             job.send("token", (tok, entries[-1] if entries else None))
-            if self.gen.forget_finished(rid):  # the server never calls run: forgotten here
-                reason = "stop" if tok in job.eos else "length"
-                self._end(job, "finished", reason)
+            info = self.gen.request_info(rid)
+            if info is not None and info["state"] == "finished":
+                # "stop": an end token, or a constraint's grammar complete; else "length".
+                self._end(job, "finished", info["finish_reason"])
         self._publish()
 
     def _started(self, job: Job) -> None:

@@ -40,7 +40,7 @@ def test_labels_and_off_values_pass(endpoint, fields):
     [
         ("completions", "best_of", True, "unsupported_parameter"),
         ("completions", "best_of", 1.0, "unsupported_parameter"),
-        ("chat", "response_format", {"type": "text", "x": 1}, "unsupported_parameter"),
+        ("chat", "response_format", {"type": "text", "x": 1}, "invalid_value"),
         ("chat", "tools", [], "unsupported_parameter"),
         ("completions", "metadata", {}, "unknown_parameter"),
         ("completions", "tools", [], "unknown_parameter"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from offgraph_kv.serve.tools import ToolCallParser, syntax_for
@@ -135,7 +136,9 @@ def test_max_calls_closes_the_reply_once_the_call_is_written(syntax, first, rest
     assert not p.closed  # the call's object or its closing marker is still to come
     for ch in rest:
         p.feed(ch)
-    assert p.closed and p.finish() == [] and [(c.name, c.arguments) for c in p.calls] == [("a", "{}")]
+    assert (
+        p.closed and p.finish() == [] and [(c.name, c.arguments) for c in p.calls] == [("a", "{}")]
+    )
 
 
 def test_a_cut_call_keeps_what_was_written():
@@ -154,3 +157,136 @@ def test_syntax_for_templates():
     assert syntax_for(llama) == ("llama3", True)
     assert syntax_for("{{ '[TOOL_CALLS]' }}{{ tools }}") == ("mistral", True)
     assert syntax_for("<tool_call> mentioned, tools never rendered") == ("hermes", False)
+
+
+# -- rendering and the forced-call grammar ---------------------------------------------------
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# A template that renders tools itself, as Qwen's does (arguments must arrive as an object).
+NATIVE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}"
+    "{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}{% endfor %}"
+)
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+CALLED = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}
+HISTORY = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": CALLED},
+            {"id": "call_2", "type": "function", "function": {**CALLED, "arguments": "{}"}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "21"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "25"},
+]
+
+
+def render(template: str, messages, tools):
+    from offgraph_kv.serve.tokens import render_chat
+    from offgraph_kv.serve.tool_prompt import template_chat
+
+    syntax, native = syntax_for(template)
+    msgs, tools = template_chat(messages, tools, native, syntax)
+    return render_chat(template, msgs, tools)
+
+
+def test_a_template_without_tools_gets_the_fallback_block_and_hermes_turns():
+    text = render(CHATML, HISTORY, [TOOL])
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert json.dumps(TOOL) in system and "<tool_call>" in system
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n'
+    assert f"<|im_start|>assistant\n{call}</tool_call>\n<tool_call>" in text
+    # The two results: one user turn, in call order.
+    results = "<tool_response>\n21\n</tool_response>\n<tool_response>\n25\n</tool_response>"
+    assert f"<|im_start|>user\n{results}<|im_end|>\n<|im_start|>assistant\n" in text
+    assert "# Tools" not in render(CHATML, HISTORY, None)  # tool_choice "none": no tools
+
+
+def test_a_template_with_tools_gets_transformers_conventions():
+    text = render(NATIVE, HISTORY, [TOOL])
+    assert text.startswith(f"<tools>{json.dumps(TOOL)}</tools>")  # transformers' tojson
+    # Arguments reach the template as an object: tojson writes it, not a quoted string.
+    assert '<tool_call>get_weather {"city": "Paris", "unit": "C"}</tool_call>' in text
+    assert "[tool]21(call_1)[tool]25(call_2)" in text
+    # Mistral's templates take 9-character ids: a call and its result keep matching.
+    mistral = render(NATIVE + "{# [TOOL_CALLS] #}", HISTORY, [TOOL])
+    short = re.search(r"\[tool\]21\((\w+)\)", mistral).group(1)
+    assert len(short) == 9 and short.isalnum() and short != "call_1"
+
+
+class _Bytes:
+    """A vocabulary of the 256 bytes and an end token: grammars checked without a model."""
+
+    def __init__(self):
+        self.tokens = [bytes([i]) for i in range(256)] + [b"\xff<end>"]
+        self.eos_token_id, self.bos_token_id, self.special_token_ids = 256, None, []
+
+    def __call__(self, text: str) -> list[int]:
+        return list(text.encode())
+
+
+def accepts(grammar: str, text: str) -> bool:
+    import llguidance as llg
+
+    tok = llg.LLTokenizer(llg.TokenizerWrapper(_Bytes()), n_vocab=257, eos_token=[256])
+    m = llg.LLMatcher(tok, grammar, log_level=0)
+    return all(m.consume_token(b) for b in text.encode()) and m.is_accepting()
+
+
+@pytest.mark.parametrize(
+    "syntax,good,bad",
+    [
+        (
+            "hermes",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
+            "\n</tool_call>",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        ),
+        (
+            "llama3",
+            '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "F"}}',
+            '{"name": "get_time", "parameters": {}}',
+        ),
+        (
+            "mistral",
+            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "A", "unit": "C"}}]',
+            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "A", "unit": "K"}}]',
+        ),
+    ],
+)
+def test_the_forced_call_grammar_takes_valid_calls_only(syntax, good, bad):
+    from offgraph_kv.serve.tool_prompt import Tool, call_grammar
+
+    tools = [Tool.model_validate(TOOL)]
+    grammar = call_grammar(tools, ["get_weather"], False, syntax, {})
+    assert accepts(grammar, good) and not accepts(grammar, bad)
+    p = ToolCallParser(syntax)
+    p.feed(good)
+    p.finish()
+    assert [c.name for c in p.calls] == ["get_weather"] and json.loads(p.calls[0].arguments)
+    two = call_grammar(tools, ["get_weather"], True, syntax, {})
+    sep = {"hermes": "\n", "llama3": "; "}.get(syntax)
+    if sep is not None:
+        assert accepts(two, good + sep + good) and not accepts(grammar, good + sep + good)

@@ -1,0 +1,294 @@
+"""Tools in a chat request: their definitions and ``tool_choice`` checked, and the chat a
+template renders with them.
+
+A template that renders ``tools`` itself (Qwen, Llama 3.1+, Mistral: see
+:func:`.tools.syntax_for`) gets transformers' conventions: ``tools=[{"type": "function",
+"function": {...}}]``, assistant turns' ``tool_calls`` with ``function.arguments`` as an object,
+and ``tool`` turns with ``tool_call_id``. A template without tool support (SmolLM2, Gemma, Phi)
+gets the tools in a system block of this server's that teaches Hermes-style calls
+(``<tool_call>{"name": ..., "arguments": ...}</tool_call>``), earlier calls written in that
+syntax in their assistant turns, and tool results as user turns in ``<tool_response>`` tags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..batch.constraint import JSON_LAYOUT
+from .errors import ApiError
+
+__all__ = [
+    "Tool",
+    "ToolChoice",
+    "call_constraint",
+    "call_grammar",
+    "check_tools",
+    "fallback_block",
+    "template_chat",
+    "tool_dicts",
+]
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class _Forbid(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class FunctionDef(_Forbid):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Forbid):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class _Named(_Forbid):
+    name: str
+
+
+class ToolChoice(_Forbid):
+    type: Literal["function"]
+    function: _Named
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    """A function's ``parameters``: a JSON Schema of an object (what OpenAI accepts)."""
+    if schema.get("type", "object") != "object":
+        raise _bad(where, f"the parameters' schema must be of type object, got {schema['type']!r}")
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not all(isinstance(v, dict) for v in props.values()):
+        raise _bad(where, "properties must map each name to a schema object")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise _bad(where, "required must be a list of property names")
+    try:
+        json.dumps(schema)
+    except (TypeError, ValueError) as e:
+        raise _bad(where, f"not JSON: {e}") from None
+
+
+def check_tools(
+    tools: list[Tool] | None, choice: str | ToolChoice | None, parallel: bool | None
+) -> None:
+    """Across the fields: unique valid names, schemas of objects, a named ``tool_choice`` among
+    the tools, no ``tool_choice`` (but ``none``) or ``parallel_tool_calls`` without tools."""
+    if tools is None:
+        if choice is not None and choice != "none":
+            raise _bad("tool_choice", "only allowed when tools are given")
+        if parallel is not None:
+            raise _bad("parallel_tool_calls", "only allowed when tools are given")
+        return
+    if not tools:
+        raise _bad("tools", "an empty list; omit tools instead")
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        f = t.function
+        if not _NAME.match(f.name):
+            raise _bad(f"tools.{i}.function.name", f"{f.name!r} is not 1-64 of a-z, A-Z, 0-9, _, -")
+        if f.name in seen:
+            raise _bad(f"tools.{i}.function.name", f"{f.name!r} is given twice")
+        seen.add(f.name)
+        if f.parameters is not None:
+            _check_schema(f.parameters, f"tools.{i}.function.parameters")
+    if isinstance(choice, ToolChoice) and choice.function.name not in seen:
+        raise _bad("tool_choice", f"function {choice.function.name!r} is not among the tools")
+
+
+def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
+    """The tools as transformers passes them to a template."""
+    return [t.model_dump(exclude_none=True) for t in tools]
+
+
+def fallback_block(tools: list[dict[str, Any]]) -> str:
+    """The system text that teaches a template without tool support the tools and the call
+    syntax (:mod:`.tools`' ``hermes``)."""
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\n"
+        "You can call the functions described below, in <tools></tools> tags, to help with the "
+        "user's request.\n<tools>\n"
+        f"{lines}\n</tools>\n\n"
+        "To call a function, reply with a JSON object holding its name and its arguments inside "
+        "<tool_call></tool_call> tags, one per call:\n"
+        '<tool_call>\n{"name": "<function name>", "arguments": {<arguments as JSON>}}\n'
+        "</tool_call>\n"
+        "A function's result comes back in <tool_response></tool_response> tags."
+    )
+
+
+def _arguments(text: str) -> Any:
+    # transformers' templates expect an object; the model's own text if it is not JSON.
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _short_id(call_id: str) -> str:
+    # Mistral's templates refuse call ids that are not 9 letters or digits; the same id maps
+    # to the same short one in the call and in its result.
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+
+def template_chat(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    native: bool,
+    syntax: str = "hermes",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """``(messages, tools)`` as the template gets them: ``messages`` are OpenAI's (assistant
+    ``tool_calls`` with ``arguments`` strings, ``tool`` turns); ``native``: the template renders
+    tools itself in ``syntax`` (else the fallback above, and no ``tools`` for the template)."""
+    if native:
+        ident = _short_id if syntax == "mistral" else str
+        out = []
+        for m in messages:
+            m = dict(m)
+            if "tool_calls" in m:
+                m["tool_calls"] = [
+                    {
+                        **c,
+                        "id": ident(c["id"]),
+                        "function": {
+                            **c["function"],
+                            "arguments": _arguments(c["function"]["arguments"]),
+                        },
+                    }
+                    for c in m["tool_calls"]
+                ]
+            if "tool_call_id" in m:
+                m["tool_call_id"] = ident(m["tool_call_id"])
+            out.append(m)
+        return out, tools
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [
+                "<tool_call>\n"
+                + json.dumps(
+                    {
+                        "name": c["function"]["name"],
+                        "arguments": _arguments(c["function"]["arguments"]),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n</tool_call>"
+                for c in m["tool_calls"]
+            ]
+            text = "\n".join(([m["content"]] if m["content"] else []) + calls)
+            out.append({"role": "assistant", "content": text})
+        elif m["role"] == "tool":
+            result = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("tool_results"):  # one user turn for a call's results
+                out[-1]["content"] += "\n" + result
+            else:
+                out.append({"role": "user", "content": result, "tool_results": True})
+        else:
+            out.append({k: v for k, v in m.items() if k in ("role", "content")})
+    for m in out:
+        m.pop("tool_results", None)
+    if tools:
+        block = fallback_block(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + block}
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out, None
+
+
+def _call_schema(f: FunctionDef, key: str) -> dict[str, Any]:
+    """One call's JSON: ``{"name": <f's name>, key: <arguments valid for f>}``, in that order
+    (the name streams first). The parameters' ``$defs`` move to the root, where their
+    ``#/$defs/...`` references point."""
+    # No parameters: an empty argument list, as OpenAI reads a function without them.
+    params = dict(
+        f.parameters or {"type": "object", "properties": {}, "additionalProperties": False}
+    )
+    root: dict[str, Any] = {"x-guidance": {**JSON_LAYOUT, "lenient": not f.strict}}
+    for defs in ("$defs", "definitions"):
+        if defs in params:
+            root[defs] = params.pop(defs)
+    return {
+        **root,
+        "type": "object",
+        "properties": {"name": {"const": f.name}, key: params},
+        "required": ["name", key],
+        "additionalProperties": False,
+    }
+
+
+def call_grammar(
+    tools: list[Tool], names: list[str], parallel: bool, syntax: str, markers: dict[str, int]
+) -> str:
+    """A Lark grammar (llguidance's dialect) of a reply that is only calls, in ``syntax``, of
+    the functions ``names`` with arguments valid for their schemas; one call, or several
+    (``parallel``). ``markers``: the syntax's markers that are single tokens (text -> id)."""
+
+    def lit(text: str) -> str:
+        return f"<[{markers[text]}]>" if text in markers else json.dumps(text)
+
+    key = "parameters" if syntax == "llama3" else "arguments"
+    rules = [
+        f"b{i}: %json {json.dumps(_call_schema(t.function, key), ensure_ascii=False)}"
+        for i, t in enumerate(tools)
+        if t.function.name in names
+    ]
+    body = "body: " + " | ".join(r.split(":", 1)[0] for r in rules)
+    if syntax == "hermes":
+        call = f'call: {lit("<tool_call>")} "\\n" body "\\n" {lit("</tool_call>")}'
+        start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    elif syntax == "llama3":
+        call = "call: body"
+        start = 'start: call ("; " call)*' if parallel else "start: call"
+    else:
+        call = "call: body"
+        more = ' (", " call)*' if parallel else ""
+        start = f'start: {lit("[TOOL_CALLS]")} "[" call{more} "]"'
+    return "\n".join([start, call, body, *rules])
+
+
+def call_constraint(req: Any, face: Any) -> Any:
+    """The :class:`~offgraph_kv.batch.Constraint` that ``tool_choice`` ``required`` or a named
+    function asks of ``req``'s reply (``None``: no forced call), compiled for ``face``'s
+    syntax; a 400 naming ``tool_choice`` when another field constrains the reply too, naming
+    ``tools`` when a schema does not compile."""
+    choice = req.tool_choice
+    if not req.tools or not (choice == "required" or isinstance(choice, ToolChoice)):
+        return None
+    if req.constraint is not None:
+        raise _bad("tool_choice", "a forced call and response_format both constrain the reply")
+    from .._errors import InvalidArgumentError
+    from ..batch.constraint import Constraint
+
+    names = (
+        [choice.function.name]
+        if isinstance(choice, ToolChoice)
+        else [t.function.name for t in req.tools]
+    )
+    syntax = face.tool_syntax[0]
+    markers = {text: tid for tid, text in face.marker_ids().items()}
+    # A named function is called once; "required" calls one or more unless parallel is false.
+    parallel = choice == "required" and req.parallel_tool_calls is not False
+    grammar = call_grammar(req.tools, names, parallel, syntax, markers)
+    try:
+        return Constraint.lark(grammar)
+    except InvalidArgumentError as e:
+        raise _bad("tools", f"a function's parameters do not compile: {e}") from None
+    except ImportError as e:
+        raise ApiError(
+            400, f"tool_choice: {e}", param="tool_choice", code="unsupported_parameter"
+        ) from None
