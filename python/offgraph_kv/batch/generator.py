@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _native as _okv
 from .._errors import CapacityError, InvalidArgumentError
 from .constraint import Constraint
-from .guide import Guide, StepMasks, allowed, grammar_tokenizer
+from .guide import Guide, StepMasks, grammar_tokenizer, masked
 from .model_step import CellsModel, ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
 from .sampling import LogprobEntry, adjusted, logprob_entry, sample
@@ -468,7 +468,7 @@ class BatchGenerator:
         guided = 0  # the next constrained sampler's row of `masks`
         for i, req in enumerate(samplers):
             row = logits[i]
-            if req.adjusts or req.guide is not None:  # only requests that asked pay for the copy
+            if req.adjusts:  # only requests that asked pay for the copy
                 row = adjusted(
                     row,
                     req.logit_bias,
@@ -478,10 +478,10 @@ class BatchGenerator:
                 )
             complete = False
             if req.guide is not None:
-                ok = allowed(masks[guided], row.shape[0])
+                mask = masks[guided]
                 guided += 1
-                if ok.any():
-                    row[~ok] = -float("inf")
+                if mask.any():
+                    row = masked(row, mask)
                     tok = sample(row, req.temperature, req.top_p, req.generator)
                     complete = req.guide.advance(tok)
                 else:  # a grammar that allows nothing (cannot be continued): end the output

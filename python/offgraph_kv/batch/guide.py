@@ -24,7 +24,7 @@ import numpy as np
 from .._errors import InvalidArgumentError
 from .constraint import Constraint, require_llguidance
 
-__all__ = ["Guide", "StepMasks", "allowed", "grammar_tokenizer"]
+__all__ = ["Guide", "StepMasks", "allowed", "grammar_tokenizer", "masked"]
 
 
 def grammar_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> Any:
@@ -94,6 +94,23 @@ class Guide:
 def allowed(mask: np.ndarray, vocab_size: int) -> np.ndarray:
     """A bool per token of one mask row: whether the grammar allows it next."""
     return np.unpackbits(mask.view(np.uint8), bitorder="little")[:vocab_size].view(bool)
+
+
+def masked(logits: Any, mask: np.ndarray) -> np.ndarray:
+    """A float32 copy of one logits row (numpy or torch) with every token ``mask`` does not
+    allow at ``-inf``. A grammar's structure allows few tokens: those are gathered into a row
+    of ``-inf`` (at 262K tokens ~4x cheaper than writing ``-inf`` over the rest)."""
+    x = logits.detach().float().cpu().numpy() if hasattr(logits, "detach") else logits
+    n = x.shape[0]
+    ok = allowed(mask, n)
+    ids = np.flatnonzero(ok)
+    if ids.size * 4 < n:
+        out = np.full(n, -np.inf, dtype=np.float32)
+        out[ids] = x[ids]
+        return out
+    out = np.array(x, dtype=np.float32)
+    out[~ok] = -np.inf
+    return out
 
 
 class StepMasks:
