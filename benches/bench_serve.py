@@ -17,6 +17,12 @@ llama.cpp is not vendored: build ``llama-server`` as ``bench_engine.py`` says an
     python benches/bench_serve.py --llama-server PATH            # native, torch path, llama-server
     python benches/bench_serve.py --servers okv,llama --llama-server PATH
     python benches/bench_serve.py --quick                        # CI: a small load, native only
+    python benches/bench_serve.py --structured --servers okv     # half the load with a json_schema
+
+``--structured``: each server answers the load twice, as it is and with every other request
+carrying a ``response_format`` ``json_schema`` (constrained decoding), and the table compares
+the two (throughput and inter-token p50; the target is within 10%), with the share of the
+constrained replies that parse as JSON (those cut by ``--new-tokens`` do not).
 
 Writes a JSON of the figures (``--json``) and a plot (``--plot``).
 """
@@ -60,6 +66,8 @@ WORDS = (
     "bread rye oven flour butter sugar yeast crust dough morning market river bridge garden "
     "lantern window harbour meadow orchard candle letter journey winter summer autumn spring"
 ).split()
+
+STRUCTURED = " json_schema"  # the structured load's row: the server's name and this
 
 NAMES = {
     "okv": "offgraph-kv",
@@ -106,25 +114,64 @@ def workload(tok, n: int, system_tokens: int, seed: int = 0):
     ]
 
 
-async def replay(url: str, model: str, convs, concurrency: int, new_tokens: int) -> dict:
-    """The load: every conversation, ``concurrency`` at a time."""
+# The structured load's schema: bounded so that a reply completes within --new-tokens' 64
+# (~50 tokens), as an agent's structured answers do.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "maxLength": 24},
+        "keywords": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 12},
+            "maxItems": 3,
+        },
+        "answer": {"type": "string", "maxLength": 60},
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 10},
+    },
+    "required": ["topic", "keywords", "answer", "confidence"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True},
+}
+
+
+async def replay(
+    url: str, model: str, convs, concurrency: int, new_tokens: int, structured: bool = False
+) -> dict:
+    """The load: every conversation, ``concurrency`` at a time; ``structured``: every other one
+    with :data:`RESPONSE_FORMAT`."""
     client = client_for(url)
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(msgs):
+    async def one(i, msgs):
+        extra = {"response_format": RESPONSE_FORMAT} if structured and i % 2 == 0 else {}
         async with sem:
-            return await chat_stream(client, model, msgs, new_tokens)
+            return await chat_stream(client, model, msgs, new_tokens, **extra)
 
     t0 = time.perf_counter()
-    done = await asyncio.gather(*(one(m) for m in convs))
+    done = await asyncio.gather(*(one(i, m) for i, m in enumerate(convs)))
     wall = time.perf_counter() - t0
     await client.close()
-    return {
+    out = {
         "wall_s": wall,
         "tokens": sum(d.completion_tokens for d in done),
         "ttft": [d.ttft for d in done],
         "itl": [g for d in done for g in d.gaps],
     }
+    if structured:
+        constrained = [d.text for d in done[::2]]
+        out["json_valid"] = sum(_is_json(t) for t in constrained) / len(constrained)
+    return out
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 async def single(url: str, model: str, convs, new_tokens: int) -> list[float]:
@@ -141,7 +188,9 @@ async def single(url: str, model: str, convs, new_tokens: int) -> list[float]:
 
 
 def summary(r: dict, rates: list[float], peak_rss: int) -> dict:
+    extra = {"json_valid": r["json_valid"]} if "json_valid" in r else {}
     return {
+        **extra,
         "tok_per_s": r["tokens"] / r["wall_s"],
         "tokens": r["tokens"],
         "wall_s": r["wall_s"],
@@ -179,6 +228,16 @@ def table(res: dict) -> str:
             f"single-stream decode {ratio(a['single_tok_per_s'], b['single_tok_per_s']):.2f}x "
             "(>= 1.0)",
         ]
+    for name, s in res.items():
+        plain = res.get(name.removesuffix(STRUCTURED))
+        if name.endswith(STRUCTURED) and plain:
+            rows.append(
+                f"{name} / as it is: throughput {ratio(s['tok_per_s'], plain['tok_per_s']):.2f}x, "
+                f"ITL p50 {ratio(s['itl_p50_s'], plain['itl_p50_s']):.2f}x (targets: within "
+                f"10%), wall time {ratio(s['wall_s'], plain['wall_s']):.2f}x for "
+                f"{s['tokens']} tokens against {plain['tokens']} (a complete reply stops); "
+                f"constrained replies that parse as JSON: {s['json_valid']:.0%}"
+            )
     t = res.get("offgraph-kv torch")
     if a and t:
         rows.append(
@@ -211,8 +270,11 @@ def plot(res: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def run_one(kind: str, args, tmp: Path, convs, singles) -> tuple[dict, str]:
-    """Start server ``kind``, replay the load and the single streams, stop it."""
+def run_one(
+    kind: str, args, tmp: Path, convs, singles, structured: bool = False
+) -> tuple[dict, str]:
+    """Start server ``kind``, replay the load and the single streams, stop it; ``structured``:
+    the load with every other request constrained (no single streams)."""
     cells = args.system_tokens + args.requests * (64 + args.new_tokens + 64)
     log = tmp / f"{kind}.log"
     served = args.model
@@ -234,8 +296,12 @@ def run_one(kind: str, args, tmp: Path, convs, singles) -> tuple[dict, str]:
     else:
         proc, served, flags = transformers_server(args, tmp, log)
     try:
-        r = asyncio.run(replay(proc.url, served, convs, args.concurrency, args.new_tokens))
-        rates = asyncio.run(single(proc.url, served, singles, args.new_tokens))
+        r = asyncio.run(
+            replay(proc.url, served, convs, args.concurrency, args.new_tokens, structured)
+        )
+        rates = (
+            [] if structured else asyncio.run(single(proc.url, served, singles, args.new_tokens))
+        )
     finally:
         rc = proc.stop()
     out = summary(r, rates, proc.peak_rss)
@@ -279,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--log-dir", default=None, help="keep the servers' logs here")
     ap.add_argument("--plot", default=None)
+    ap.add_argument(
+        "--structured",
+        action="store_true",
+        help="each server also answers the load with every other request under a json_schema",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.concurrency, args.system_tokens, args.new_tokens = 8, 4, 128, 8
@@ -304,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         for kind in kinds:
             res[NAMES[kind]], flags = run_one(kind, args, Path(tmp), convs, singles)
             print(f"{NAMES[kind]} ({flags}): {json.dumps(res[NAMES[kind]])}", flush=True)
+            if args.structured:
+                name = NAMES[kind] + STRUCTURED
+                res[name], _ = run_one(kind, args, Path(tmp), convs, singles, structured=True)
+                print(f"{name} ({flags}): {json.dumps(res[name])}", flush=True)
     print(table(res))
     if args.json:
         with open(args.json, "w") as f:

@@ -161,8 +161,9 @@ class Timed:
     decode_s: float = float("nan")  # first to last content chunk
 
 
-async def chat_stream(client, model: str, messages, max_tokens: int) -> Timed:
-    """One greedy streamed chat completion, timed from the call."""
+async def chat_stream(client, model: str, messages, max_tokens: int, **extra) -> Timed:
+    """One greedy streamed chat completion, timed from the call; ``extra``: more request
+    fields (``response_format``, ...)."""
     t0 = time.perf_counter()
     stream = await client.chat.completions.create(
         model=model,
@@ -171,6 +172,7 @@ async def chat_stream(client, model: str, messages, max_tokens: int) -> Timed:
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        **extra,
     )
     out = Timed()
     first = last = None
