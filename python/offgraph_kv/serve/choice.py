@@ -8,6 +8,7 @@ from typing import Any
 
 from .._errors import InvalidArgumentError
 from . import protocol as P
+from .tools import ToolCallParser
 from .worker import Job
 
 __all__ = ["Choice", "token_text"]
@@ -30,17 +31,59 @@ class Choice:
     lps: list[tuple[int, Any]] = field(default_factory=list)
     reported: int = 0
 
+    # With tools: the tool-call syntax's marker tokens (id -> text, kept in the text though
+    # decoding drops special tokens), the parser of the text, and its events not sent yet.
+    markers: dict[int, str] = field(default_factory=dict)
+    parser: ToolCallParser | None = None
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+
     def add(self, token: int) -> None:
         self.ids.append(token)
         if self.tok is None:
             self.text = " ".join(str(t) for t in self.ids)  # a model without a tokenizer
             return
-        self.text = self.tok.decode(self.ids)
+        self.text = self._decode()
         for s in self.stops:
             i = self.text.find(s)
             if i >= 0:
                 self.text = self.text[:i]
                 self.reason = "stop"
+
+    def _decode(self) -> str:
+        if not self.markers or not any(t in self.markers for t in self.ids):
+            return self.tok.decode(self.ids)
+        parts, run = [], []
+        for t in self.ids:
+            if t in self.markers:
+                parts += [self.tok.decode(run), self.markers[t]]
+                run = []
+            else:
+                run.append(t)
+        return "".join([*parts, self.tok.decode(run)])
+
+    def parse(self) -> None:
+        """With tools: the text that is safe to send goes through the parser (all of it once
+        the choice is over); a parser that takes no more calls ends the choice (``"stop"``)."""
+        assert self.parser is not None
+        self.events += self.parser.feed(self.pending())
+        if self.parser.closed and self.reason is None:
+            self.reason = "stop"
+        if self.reason is not None and self.reason != "error":
+            self.events += self.parser.finish()
+
+    def finish_reason(self) -> str | None:
+        """``"tool_calls"`` for a reply that ended on its own after calling tools."""
+        if self.parser is not None and self.parser.calls and self.reason == "stop":
+            return "tool_calls"
+        return self.reason
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The calls as a whole reply's ``message.tool_calls``."""
+        calls = self.parser.calls if self.parser is not None else []
+        return [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
 
     def add_logprob(self, entry: Any) -> None:
         """The logprob entry of the token :meth:`add` just took. A token's text is what it

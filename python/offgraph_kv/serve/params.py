@@ -8,7 +8,7 @@ body lands here:
   ``metadata``, ...); accepted, and nothing depends on them;
 * :data:`REFUSED`: OpenAI parameters this server does not implement; accepted only when null or
   given the value that means "off" (``modalities: ["text"]``,
-  ``tool_choice: "none"``, ...), else a 400 ``unsupported_parameter``;
+  ``function_call: "none"``, ...), else a 400 ``unsupported_parameter``;
 * anything else: a 400 ``unknown_parameter``, as OpenAI answers an unrecognized argument
   (vendor extensions too: a sampling knob silently dropped changes the output unseen).
 """
@@ -34,11 +34,8 @@ LABELS: dict[str, tuple[str, ...]] = {
 
 # name -> (endpoints, the values that mean "off" besides null, why it is refused)
 REFUSED: dict[str, tuple[tuple[str, ...], tuple[Any, ...], str]] = {
-    "tools": ((CHAT,), (), "tool calling is not supported"),
-    "tool_choice": ((CHAT,), ("none",), "tool calling is not supported"),
-    "parallel_tool_calls": ((CHAT,), (), "tool calling is not supported"),
-    "functions": ((CHAT,), (), "function calling is not supported"),
-    "function_call": ((CHAT,), ("none",), "function calling is not supported"),
+    "functions": ((CHAT,), (), "functions (deprecated) is not supported: use tools"),
+    "function_call": ((CHAT,), ("none",), "function_call (deprecated): use tool_choice"),
     "prediction": ((CHAT,), (), "predicted outputs are not supported"),
     "audio": ((CHAT,), (), "audio output is not supported"),
     "modalities": ((CHAT,), (["text"],), "only text output is supported"),

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from .errors import ApiError
 from .params import check_extra
 from .structured import constraint_of
+from .tool_prompt import Tool, ToolChoice, check_tools, tool_dicts
 
 __all__ = [
     "ApiError",
@@ -196,14 +197,71 @@ class TextPart(_Strict):
     text: str
 
 
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+class _Forbid(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class FunctionCall(_Forbid):
+    name: str
+    arguments: str  # JSON text, as OpenAI's replies carry it
+
+
+class ToolCall(_Forbid):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class Message(_Forbid):
+    # Unknown fields are a 400 naming them. ``refusal``, ``function_call`` and ``audio`` are
+    # what a client sends back of an earlier reply (``messages.append(choice.message)``): null.
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: None = None
+    function_call: None = None
+    audio: None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+def check_turns(messages: list[Message]) -> None:
+    """What each turn's fields need of each other (400 naming the field): ``tool_calls`` on
+    assistant turns only, content null only beside them, a ``tool`` turn's ``tool_call_id``
+    answering an earlier call."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        at = f"messages.{i}"
+        if m.tool_calls is not None and m.role != "assistant":
+            raise ApiError(
+                400, f"{at}.tool_calls: only on assistant turns", param=f"{at}.tool_calls"
+            )
+        if m.tool_calls is not None and not m.tool_calls:
+            raise ApiError(400, f"{at}.tool_calls: empty", param=f"{at}.tool_calls")
+        if m.tool_call_id is not None and m.role != "tool":
+            raise ApiError(
+                400, f"{at}.tool_call_id: only on tool turns", param=f"{at}.tool_call_id"
+            )
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise ApiError(
+                400,
+                f"{at}.content: required (null only on an assistant turn with tool_calls)",
+                param=f"{at}.content",
+            )
+        if m.role == "tool" and m.tool_call_id not in calls:
+            raise ApiError(
+                400,
+                f"{at}.tool_call_id: {m.tool_call_id!r} answers no earlier assistant tool call",
+                param=f"{at}.tool_call_id",
+            )
+        calls |= {c.id for c in m.tool_calls or ()}
 
 
 class ChatRequest(_Sampling):
@@ -213,11 +271,25 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Tool calling (see .tool_prompt and .tools).
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def check(self) -> None:
         super().check()
         self.max_new_tokens()
         self.logprob_count()
+        check_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+        check_turns(self.messages)
+
+    def tools_on(self) -> bool:
+        """Tools are given and may be called (``tool_choice`` is not ``none``)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools the template renders (none when ``tool_choice`` is ``none``)."""
+        return tool_dicts(self.tools) if self.tools_on() else None
 
     def max_new_tokens(self) -> tuple[int | None, str]:
         """``max_completion_tokens``, or its older name ``max_tokens``; both given must agree."""
@@ -247,12 +319,22 @@ class ChatRequest(_Sampling):
             return None
         return self.top_logprobs or 0
 
-    def chat(self) -> list[dict[str, str]]:
-        msgs = [{"role": m.role, "content": m.text()} for m in self.messages]
-        for m in msgs:  # templates know "system"; OpenAI's newer name is "developer"
-            if m["role"] == "developer":
-                m["role"] = "system"
-        if all(m["content"] == "" for m in msgs):
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages as dicts (OpenAI's fields; null content as ``""``)."""
+        check_turns(self.messages)
+        msgs: list[dict[str, Any]] = []
+        for m in self.messages:
+            d: dict[str, Any] = {"role": m.role, "content": m.text()}
+            if m.role == "developer":  # templates know "system"; OpenAI's newer name
+                d["role"] = "system"
+            if m.name is not None:
+                d["name"] = m.name
+            if m.tool_calls:
+                d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+            msgs.append(d)
+        if all(m["content"] == "" and not m.get("tool_calls") for m in msgs):
             raise ApiError(400, "messages: every message is empty", param="messages")
         return msgs
 
@@ -355,17 +437,26 @@ def response(
     use: dict[str, Any],
     logprobs: list[dict[str, Any] | None] | None = None,
     fingerprint: str | None = None,
+    tool_calls: list[list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """A whole (non-streamed) completion: ``choices`` are ``(text, finish_reason)``,
-    ``logprobs`` each choice's :func:`logprobs_body` (``None``: none asked)."""
+    ``logprobs`` each choice's :func:`logprobs_body` (``None``: none asked), ``tool_calls``
+    each chat choice's calls (a choice with calls has ``content`` null when it has no text)."""
     out = []
     for i, (text, reason) in enumerate(choices):
         lps = None if logprobs is None else logprobs[i]
         if chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls and tool_calls[i]:
+                message = {
+                    "role": "assistant",
+                    "content": text or None,
+                    "tool_calls": tool_calls[i],
+                }
             out.append(
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "finish_reason": reason,
                     "logprobs": lps,
                 }
@@ -393,10 +484,13 @@ def chunk(
     first: bool = False,
     logprobs: dict[str, Any] | None = None,
     fingerprint: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk of choice ``index``: a text delta and/or its finish reason, and the
     :func:`logprobs_body` of the tokens whose text it carries. A chat choice's first delta is
-    ``{"role": "assistant", "content": ""}``, as OpenAI's (clients index ``content``)."""
+    ``{"role": "assistant", "content": ""}``, as OpenAI's (clients index ``content``);
+    ``tool_calls``: the delta's tool-call pieces (a call's index, id and name, then pieces of
+    its arguments)."""
     if chat:
         delta: dict[str, Any] = {}
         if first:
@@ -404,6 +498,8 @@ def chunk(
             delta["content"] = text or ""
         elif text:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason}
     else:
         choice = {"index": index, "text": text or "", "finish_reason": reason}

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from . import protocol as P
 from .tokens import tokens_for
+from .tool_prompt import call_constraint
 from .worker import Job, RequestWorker
 
 __all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_MAX_TOKENS", "Prompt", "Server", "fingerprint"]
@@ -59,7 +60,7 @@ class Server:
             if self.tok is None:
                 raise P.ApiError(400, "this model has no tokenizer: use /v1/completions with ids")
             try:
-                return [Prompt(self.tok.chat_ids(req.chat()), "")]
+                return [Prompt(self.tok.chat_ids(req.chat(), req.tool_dicts()), "")]
             except Exception as e:  # no template, or a template that refuses these messages
                 raise P.ApiError(400, f"messages: {e}", param="messages") from None
         return [self._prompt(p) for p in req.prompt_inputs()]
@@ -99,6 +100,8 @@ class Server:
                 code="unsupported_parameter",
             )
         prompts = self.prompts(req, chat)
+        # tool_choice "required" or a named function: a grammar of calls in the template's syntax
+        constraint = (chat and call_constraint(req, self.tok)) or req.constraint
         max_tokens, param = req.max_new_tokens()
         if max_tokens is None:
             max_tokens = DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_MAX_TOKENS
@@ -119,7 +122,7 @@ class Server:
                 logit_bias=bias,
                 frequency_penalty=req.frequency_penalty,
                 presence_penalty=req.presence_penalty,
-                constraint=req.constraint,
+                constraint=constraint,
                 max_tokens_param=param,
             )
             for i, p in enumerate(prompts)

@@ -290,3 +290,17 @@ def test_the_forced_call_grammar_takes_valid_calls_only(syntax, good, bad):
     sep = {"hermes": "\n", "llama3": "; "}.get(syntax)
     if sep is not None:
         assert accepts(two, good + sep + good) and not accepts(grammar, good + sep + good)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3", "qwen2"])
+def test_each_family_default_template_renders_a_round_trip(family):
+    from offgraph_kv.gguf_model import family_chat_defaults
+
+    template = family_chat_defaults(family)[1]
+    assert syntax_for(template) == ("hermes", False)  # none teaches tools: the fallback
+    text = render(template, [*HISTORY, {"role": "assistant", "content": "21 and 25."}], [TOOL])
+    assert json.dumps(TOOL) in text and "Be brief." in text
+    call = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
+    for piece in [call, "<tool_response>\n21\n</tool_response>", "21 and 25."]:
+        assert piece in text, (family, piece)
+    assert text.index("Be brief.") < text.index(call) < text.index("<tool_response>\n25")

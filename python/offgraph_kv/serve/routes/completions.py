@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .. import protocol as P
 from ..choice import Choice
 from ..server import Prompt, Server
+from ..tools import ToolCallParser
 
 __all__ = ["register"]
 
@@ -38,6 +39,12 @@ async def _complete(srv: Server, request: Request, chat: bool) -> Response:
     srv.worker.submit(jobs)
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     choices = [Choice(job, srv.tok, stops) for job in jobs]
+    if chat and req.tools_on():  # each choice's text parsed for the template's call syntax
+        syntax, markers = srv.tok.tool_syntax[0], srv.tok.marker_ids()
+        one = req.parallel_tool_calls is False or isinstance(req.tool_choice, P.ToolChoice)
+        for c in choices:
+            c.markers = markers
+            c.parser = ToolCallParser(syntax, 1 if one else None)
     # The text each choice starts with: its prompt's with echo (completions), else nothing.
     echo = [
         prompts[i // req.n].text if getattr(req, "echo", False) else "" for i in range(len(jobs))
@@ -60,8 +67,12 @@ async def _complete(srv: Server, request: Request, chat: bool) -> Response:
         raise P.ApiError(500, errors[0].text or "generation failed", "server_error")
     use = _usage(choices, prompts)
     lps = [P.logprobs_body(chat, c.take_logprobs()) for c in choices]
-    texts = [(e + c.text, c.reason) for e, c in zip(echo, choices)]
-    body = P.response(chat, rid, srv.model_name, texts, use, lps, srv.fingerprint)
+    texts = [
+        (e + (c.text if c.parser is None else c.parser.content), c.finish_reason())
+        for e, c in zip(echo, choices)
+    ]
+    calls = [c.tool_calls() for c in choices]
+    body = P.response(chat, rid, srv.model_name, texts, use, lps, srv.fingerprint, calls)
     return JSONResponse(body)
 
 
@@ -103,6 +114,10 @@ async def _events(
             c.reason, c.text = "error", str(arg)
         else:  # cancelled by shutdown
             c.reason = "length"
+        if c.parser is not None and c.reason != "error":
+            c.parse()
+            if c.reason is not None:  # the parser took its last call
+                srv.worker.cancel(c.job)
         if c.reason is not None:
             open_ -= 1
         yield index
@@ -132,6 +147,10 @@ async def _stream(
                 err = P.ApiError(500, c.text or "generation failed", "server_error")
                 yield _sse(err.body())
                 continue
+            if c.parser is not None:
+                for out in _tool_chunks(chat, rid, name, i, c, fp):
+                    yield _sse(out)
+                continue
             text = c.pending()
             if text or c.reason is not None:
                 lps = P.logprobs_body(chat, c.take_logprobs())
@@ -145,6 +164,48 @@ async def _stream(
     finally:  # the client went away (or the stream ended): free what still runs
         for c in choices:
             srv.worker.cancel(c.job)
+
+
+def _tool_chunks(
+    chat: bool, rid: str, name: str, i: int, c: Choice, fp: str | None
+) -> list[dict[str, Any]]:
+    """The chunks of a tools choice's parser events: content, a call's first delta (index, id,
+    type, name, arguments ""), its argument pieces; the finish reason once the choice is over.
+    The tokens' logprobs ride on the last chunk."""
+    out: list[tuple[str | None, list[dict[str, Any]] | None]] = []
+    for e in c.events:
+        if e[0] == "content":
+            out.append((e[1], None))
+        elif e[0] == "call":
+            fn = {"name": e[3], "arguments": ""}
+            out.append((None, [{"index": e[1], "id": e[2], "type": "function", "function": fn}]))
+        elif out and out[-1][1] and "id" not in out[-1][1][0] and out[-1][1][0]["index"] == e[1]:
+            out[-1][1][0]["function"]["arguments"] += e[2]  # one piece per batch of tokens
+        else:
+            out.append((None, [{"index": e[1], "function": {"arguments": e[2]}}]))
+    c.events = []
+    if c.reason is not None:
+        out.append((None, None))
+    if not out:
+        return []
+    lps = P.logprobs_body(chat, c.take_logprobs())
+    chunks = []
+    for k, (text, calls) in enumerate(out):
+        last = k == len(out) - 1
+        chunks.append(
+            P.chunk(
+                chat,
+                rid,
+                name,
+                i,
+                text,
+                c.finish_reason() if last else None,
+                logprobs=lps if last else None,
+                fingerprint=fp,
+                tool_calls=calls,
+            )
+        )
+    return chunks
 
 
 def _sse(obj: dict[str, Any]) -> str:
