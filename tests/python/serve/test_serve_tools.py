@@ -2,7 +2,8 @@
 a forced call (``tool_choice`` ``required`` or a named function, by constrained decoding) is a
 well-formed call whose arguments validate, whole and streamed (a first delta with id and name,
 then argument pieces that add up to the whole reply's); the round trip (call, result, answer)
-renders through the template and reuses the conversation's prefix; ``tool_choice: "none"``
+renders through the template and reuses the conversation's prefix, on SmolLM2's template and
+Gemma 3's; ``tool_choice: "none"``
 answers text from the prompt without tools; malformed tools and tool turns are 400s naming the
 field that change nothing in the server."""
 
@@ -75,6 +76,27 @@ def test_a_forced_call_validates_and_the_round_trip_reuses_the_prefix(server):
     answer = client.chat.completions.create(**KW, messages=[*ASK, choice.message, result])
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert answer.usage.prompt_tokens > r.usage.prompt_tokens + 10
+    assert answer.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens
+
+
+def test_gemma_forced_call_round_trip(start_server):
+    # Gemma 3's template (the family's default: the file carries none) folds the tools'
+    # system block into the first user turn; a 270M model still calls well-formed.
+    name = "gemma-3-270m"
+    client = start_server(name, *ARGS).client()
+    kw = {**KW, "model": name}
+    r = client.chat.completions.create(
+        **kw, messages=ASK, tool_choice="required", parallel_tool_calls=False
+    )
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    for call in r.choices[0].message.tool_calls:
+        valid_call(call)
+    results = [
+        {"role": "tool", "tool_call_id": c.id, "content": "21"}
+        for c in r.choices[0].message.tool_calls
+    ]
+    msgs = [*ASK, r.choices[0].message, *results]
+    answer = client.chat.completions.create(**{**kw, "max_tokens": 4}, messages=msgs)
     assert answer.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens
 
 
