@@ -47,6 +47,27 @@ def faces(request):
     return face, HfTokens(hf)
 
 
+TOOLS = [{"type": "function", "function": {"name": "hours", "description": "Opening hours"}}]
+TOOL_CHAT = [
+    CHATS[0][0],
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "hours", "arguments": "{}"}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "9 to 5"},
+]
+
+
+def test_tool_turns_render_alike_on_both_engines(faces):
+    gguf, hf = faces
+    assert gguf.tool_syntax == hf.tool_syntax == ("hermes", False)  # the fallback block
+    assert gguf.chat_ids(TOOL_CHAT, TOOLS) == hf.chat_ids(TOOL_CHAT, TOOLS)
+    assert len(gguf.chat_ids(TOOL_CHAT, TOOLS)) > len(gguf.chat_ids(TOOL_CHAT)) + 50
+
+
 def test_chat_prompts_stops_and_decodes_equal_hugging_face(faces):
     gguf, hf = faces
     for chat in CHATS:
