@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {json.dumps(row)}", file=sys.stderr)
     print(table(rows, a, bool(a.okv_bench_b)))
     print(
-        f"\n{a.threads} threads, f16 KV, {a.reps} runs of each program per file (alternating); "
+        f"\n{a.threads} threads, f16 KV, runs of each program per file: {a.reps} (alternating); "
         f"floor: {a.floor_mib} MiB streaming read, {floor1:.1f} GB/s on 1 thread; "
         f"wall time {(time.time() - t_start) / 60:.1f} min."
     )
