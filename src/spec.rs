@@ -20,7 +20,9 @@ pub enum KeyLayout<'a> {
         mask: MaskKind,
     },
     /// A cell step: token `i` sees exactly the cells in
-    /// `runs[offsets[i]..offsets[i + 1]]` (sorted, disjoint); nothing else.
+    /// `runs[offsets[i]..offsets[i + 1]]` (disjoint, in the keys' position
+    /// order, oldest first: attention sums in that order, whatever the cells'
+    /// order in the pool); nothing else.
     Cells {
         offsets: &'a [usize],
         runs: &'a [Run],

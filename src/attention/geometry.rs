@@ -2,17 +2,15 @@
 //!
 //! A task is one KV head × one block of ≤ `RB` query rows (row `r` of a KV
 //! head is token `r / g`, group head `r % g`; with a cell layout a block never
-//! spans tokens) × one key range, when long keys are split because there are
-//! fewer row blocks than threads. [`Block`] is what a backend receives for one
-//! task.
+//! spans tokens). Keys are never split over tasks: a row's sum then runs
+//! over its keys in one fixed order whatever the thread count (see
+//! `kernel/mod.rs` on invariance). [`Block`] is what a backend receives for
+//! one task.
 
 use super::softcap::Softcap;
 use crate::dtype::KvRows;
 use crate::runs::{MaskKind, Run, Runs};
 use crate::spec::{AttendSpec, KeyLayout};
-
-/// Keys longer than this per split are worth a key split when threads idle.
-const MIN_SPLIT_KEYS: usize = 512;
 
 #[derive(Clone, Copy)]
 enum Keys<'a> {
@@ -48,8 +46,11 @@ pub(super) struct Geometry<'a> {
     /// Cells: blocks per token.
     bpt: usize,
     pub(super) blocks_per_head: usize,
-    pub(super) ksplit: usize,
     nkeys: usize,
+    /// The position of concatenated key 0, modulo `KT` (runs; 0 for cells,
+    /// whose keys are indexed from each token's first visible one): the
+    /// kernel's tiles start where a key's position (index) is a multiple of `KT`.
+    pub(super) anchor: usize,
 }
 
 // Task geometry: bounded by the validated shapes ("Arithmetic bounds" in validate.rs).
@@ -61,7 +62,6 @@ impl<'a> Geometry<'a> {
         spec: &AttendSpec<'a>,
         scale: f32,
         softcap: Option<Softcap>,
-        threads: usize,
         rb: usize,
     ) -> Self {
         let [n_q, t, hd] = q_shape;
@@ -88,14 +88,9 @@ impl<'a> Geometry<'a> {
                 (Keys::Cells { offsets, runs }, bpt, t * bpt, 0)
             }
         };
-        let units = n_kv * blocks_per_head;
-        let ksplit = if matches!(keys, Keys::Runs { .. })
-            && units < threads
-            && nkeys >= 2 * MIN_SPLIT_KEYS
-        {
-            threads.div_ceil(units).min(nkeys / MIN_SPLIT_KEYS).max(1)
-        } else {
-            1
+        let anchor = match keys {
+            Keys::Runs { base, .. } => base % super::kernel::KT,
+            Keys::Cells { .. } => 0,
         };
         Geometry {
             q,
@@ -112,24 +107,18 @@ impl<'a> Geometry<'a> {
             rb,
             bpt,
             blocks_per_head,
-            ksplit,
             nkeys,
+            anchor,
         }
     }
 
     pub(super) fn n_tasks(&self) -> usize {
-        self.n_kv * self.blocks_per_head * self.ksplit
+        self.n_kv * self.blocks_per_head
     }
 
-    /// (kv head, block within head, key split)
-    pub(super) fn task(&self, idx: usize) -> (usize, usize, usize) {
-        let split = idx % self.ksplit;
-        let unit = idx / self.ksplit;
-        (
-            unit / self.blocks_per_head,
-            unit % self.blocks_per_head,
-            split,
-        )
+    /// (kv head, block within head)
+    pub(super) fn task(&self, idx: usize) -> (usize, usize) {
+        (idx / self.blocks_per_head, idx % self.blocks_per_head)
     }
 
     /// First row (within the KV head: row `r` is token `r / g`, group head `r % g`) and count.
@@ -196,19 +185,6 @@ impl<'a> Geometry<'a> {
             Keys::Cells { .. } => (0, self.token_runs(tok).iter().map(|r| r.len).sum()),
         }
     }
-
-    pub(super) fn split_range(&self, split: usize) -> (usize, usize) {
-        if self.ksplit <= 1 {
-            return (0, usize::MAX);
-        }
-        let chunk = self.nkeys.div_ceil(self.ksplit);
-        (split * chunk, ((split + 1) * chunk).min(self.nkeys))
-    }
-
-    /// Floats of one task's partial state: rb rows of (m, l, acc[hd]).
-    pub(super) fn partial_len(&self) -> usize {
-        self.rb * (self.hd + 2)
-    }
 }
 
 /// One unit of work: query rows of one KV head against key segments.
@@ -223,24 +199,22 @@ pub(super) struct Block<'a> {
     /// Visible interval `[lo, hi)` of each row, in concatenated key index.
     pub lo: &'a [usize],
     pub hi: &'a [usize],
-    /// Key segments in concatenated order.
+    /// Key segments in concatenated (position) order.
     pub segs: &'a [Run],
-    /// Only keys `[k0, k1)` of the concatenation (a key split).
-    pub k0: usize,
-    pub k1: usize,
+    /// Tiles start at concatenated index `j` with `(j + anchor) % KT == 0`.
+    pub anchor: usize,
     /// Applied to every score before the mask and the softmax.
     pub softcap: Option<Softcap>,
 }
 
 impl Block<'_> {
     /// The keys any row of the block sees, `[lo, hi)` in concatenated key
-    /// index, clipped to the key split `[k0, k1)`; `None` when that is empty.
+    /// index; `None` when that is empty.
     pub(super) fn key_span(&self) -> Option<(usize, usize)> {
         let rows = self.lo.iter().zip(self.hi).take(self.nr);
         let (lo, hi) = rows
             .filter(|(lo, hi)| lo < hi)
             .fold((usize::MAX, 0), |(a, b), (lo, hi)| (a.min(*lo), b.max(*hi)));
-        let (lo, hi) = (lo.max(self.k0), hi.min(self.k1));
         (lo < hi).then_some((lo, hi))
     }
 }

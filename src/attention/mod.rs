@@ -27,7 +27,7 @@
 //! Where things live: this file is the public face and the backend choice;
 //! `validate.rs` checks a call once (and states the arithmetic bounds the
 //! other files rely on); `geometry.rs` cuts the call into tasks; `exec.rs`
-//! runs them over threads and merges key-split partial states; `softmax.rs`
+//! runs them over threads; `softmax.rs`
 //! holds the online-softmax state both backends fold into; `softcap.rs` the
 //! score cap both apply before it; `colsoftmax.rs`
 //! and `transpose.rs` are the XNNPACK backend's native passes. In `kernel/`:
@@ -37,16 +37,25 @@
 //! float16, bfloat16 and q8_0 rows (`widen.rs`, `avx512/stored.rs`).
 //!
 //! Threads: the work is cut into tasks of one KV head × one block of ≤ 32 query
-//! rows (× one key range, for long keys when there are fewer row blocks than
-//! threads; those partial softmax states are merged afterwards). Tasks are split
-//! into contiguous ranges over a persistent worker pool (`crate::workers`: started
-//! once, the caller's thread being one of the workers).
+//! rows, each over all the keys its rows see. Tasks are split into contiguous
+//! ranges over a persistent worker pool (`crate::workers`: started once, the
+//! caller's thread being one of the workers).
+//!
+//! Invariance: with the native backend, a query row's output is a function of
+//! that row and the keys and values it sees, in their order (position order:
+//! read runs oldest first, a token's cell runs as the cell cache lists them),
+//! and of the ISA path, nothing else: the same bits whatever other rows share
+//! the call or its blocks, however the step is chunked, however many threads
+//! run it, and however its keys' rows are cut into runs in the pools. The
+//! kernel visits keys in tiles of a fixed grid (see `kernel/mod.rs`), a row's
+//! path (register-widening or scratch tiles, integer dots) depends on the ISA
+//! and `head_dim` only, and keys are never split over tasks. XNNPACK makes no
+//! such promise (its operators tile by the block's shape); `auto` never picks it.
 //!
 //! Allocation: [`attend_into`] writes into the caller's buffer. Per-thread
 //! scratch (scaled queries, accumulators, score tiles) is thread-local and only
-//! grows, so a call allocates nothing once warm beyond, for a key-split call,
-//! one buffer of partial states (and the pool's thread starts the first time a
-//! call asks for more threads than it holds).
+//! grows, so a call allocates nothing once warm (beyond the pool's thread
+//! starting the first time a call asks for more threads than it holds).
 
 #[cfg(feature = "xnnpack")]
 mod colsoftmax;
@@ -178,7 +187,7 @@ pub fn attend_into(
     let head_dim = spec.head_dim;
     let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
     let cap = opts.softcap.map(softcap::Softcap::new);
-    let geo = Geometry::new(q, q_shape, spec, scale, cap, threads, exec.rows_per_block());
+    let geo = Geometry::new(q, q_shape, spec, scale, cap, exec.rows_per_block());
     exec::run_tasks(&geo, exec, threads, out)
 }
 

@@ -1,5 +1,5 @@
 //! The online-softmax state of a block of query rows and its fold, shared by
-//! the native kernel, XNNPACK and the merge of key-split partial states.
+//! the native kernel and XNNPACK.
 //!
 //! Scores live in the log2 domain: `q` is pre-scaled by `scale · log2(e)`, so
 //! the state's running max is in log2 units and rescaling uses [`exp2`].

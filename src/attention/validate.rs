@@ -8,7 +8,7 @@
 //! pool `n_kv * slots * row_bytes` bytes, both products checked with
 //! `checked_mul`; `n_kv >= 1` divides `n_q`; every read run lies inside the
 //! pool, every cell run inside `read_len <= slots`; cell offsets have `t + 1`
-//! non-decreasing entries. The task geometry adds `ksplit`, `rb`, `bpt` and
+//! non-decreasing entries. The task geometry adds `rb`, `bpt`, `anchor < KT` and
 //! `blocks_per_head >= 1` by construction, and the kernels' blocks hold at
 //! most `RB` rows, tiles at most `KT` keys, XNNPACK chunks at most `CHUNK`.
 //! So no product, sum, division or index derived from these overflows,
@@ -147,22 +147,17 @@ pub(super) fn validate(
                 }
                 prev = o;
             }
+            let mut sorted: Vec<Run> = Vec::new();
             for w in offsets.windows(2) {
                 let (a, b) = match w {
                     [a, b] => (*a, *b),
                     _ => continue,
                 };
-                let mut end = 0usize;
-                for (j, run) in runs.get(a..b).unwrap_or(&[]).iter().enumerate() {
+                let tok = runs.get(a..b).unwrap_or(&[]);
+                for run in tok {
                     check_run(run, read_len, "cell")?;
-                    if j > 0 && run.start < end {
-                        return Err(CacheError::InvalidArgument(format!(
-                            "cell runs of a token: expected sorted and disjoint, got start {} before end {end}",
-                            run.start
-                        )));
-                    }
-                    end = run.start.saturating_add(run.len);
                 }
+                check_disjoint(tok, &mut sorted)?;
             }
         }
     }
@@ -192,4 +187,33 @@ pub(super) fn validate(
         )));
     }
     Ok(Validated(()))
+}
+
+/// Refuses a token's cell runs (in position order, so in any cell order)
+/// that name a cell twice: in order of start when they already are, else
+/// through a sorted copy in `sorted` (allocated only for such tokens).
+fn check_disjoint(runs: &[Run], sorted: &mut Vec<Run>) -> Result<()> {
+    let ascending = runs.windows(2).all(|w| match w {
+        [a, b] => a.start <= b.start,
+        _ => true,
+    });
+    let runs = if ascending {
+        runs
+    } else {
+        sorted.clear();
+        sorted.extend_from_slice(runs);
+        sorted.sort_unstable_by_key(|r| r.start);
+        sorted.as_slice()
+    };
+    let mut end = 0usize;
+    for (j, run) in runs.iter().enumerate() {
+        if j > 0 && run.start < end {
+            return Err(CacheError::InvalidArgument(format!(
+                "cell runs of a token: expected disjoint, got cell {} in two runs",
+                run.start
+            )));
+        }
+        end = end.max(run.start.saturating_add(run.len));
+    }
+    Ok(())
 }

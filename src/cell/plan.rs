@@ -95,6 +95,25 @@ impl<'a> CellStepPlan<'a> {
     /// O(k + r log r) for k visible cells forming r runs in position order,
     /// never O(n_cells).
     pub fn visible_into(&self, i: usize, out: &mut Vec<Run>) -> Result<()> {
+        let base = out.len();
+        self.visible_in_order_into(i, out)?;
+        let n = match out.get_mut(base..) {
+            Some(tail) => {
+                tail.sort_unstable_by_key(|r| r.start);
+                merge_adjacent(tail)
+            }
+            None => 0,
+        };
+        out.truncate(base + n);
+        Ok(())
+    }
+
+    /// Appends token `i`'s visible cells to `out` as disjoint runs in
+    /// position order (oldest first), each run cells that follow each other
+    /// in both positions and the pool. What attention reads: its summation
+    /// order then follows the keys' positions, not where their cells lie.
+    /// O(k) for k visible cells; allocates nothing when `out` has room.
+    pub fn visible_in_order_into(&self, i: usize, out: &mut Vec<Run>) -> Result<()> {
         let (ix, pos) = match (self.seq_indices.get(i), self.positions.get(i)) {
             (Some(s), Some(p)) => (*s as usize, *p),
             _ => {
@@ -112,7 +131,6 @@ impl<'a> CellStepPlan<'a> {
                 CacheError::InvalidArgument(format!("visible: token {i} has no sequence state"))
             })?;
         let base = out.len();
-        // Runs in position order, coalescing cells that follow each other.
         for e in visible_range(list, pos, self.policy.window()) {
             let cell = e.cell as usize;
             if out.len() > base {
@@ -125,14 +143,6 @@ impl<'a> CellStepPlan<'a> {
             }
             out.push(Run::new(cell, 1));
         }
-        let n = match out.get_mut(base..) {
-            Some(tail) => {
-                tail.sort_unstable_by_key(|r| r.start);
-                merge_adjacent(tail)
-            }
-            None => 0,
-        };
-        out.truncate(base + n);
         Ok(())
     }
 }

@@ -68,7 +68,7 @@ impl CellCache {
         let filled = (|| {
             let plan = self.plan(layer)?;
             for i in 0..plan.n_tokens() {
-                plan.visible_into(i, &mut runs)?;
+                plan.visible_in_order_into(i, &mut runs)?;
                 offsets.push(runs.len());
             }
             Ok(())

@@ -51,6 +51,11 @@ impl<const I8: bool> Isa for Avx2<I8> {
     const STORED_GROUPS: bool = true;
 
     #[inline(always)]
+    fn q8_row_bytes(hd: usize) -> usize {
+        super::avx2_int8::row_stride(hd)
+    }
+
+    #[inline(always)]
     unsafe fn quantize_q(qs: *const f32, nr: usize, hd: usize, out: *mut u8) -> *const u8 {
         if !I8 || !hd.is_multiple_of(32) {
             return std::ptr::null();

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 /// Bytes of one quantized query row: `hd` int8, then `hd / 32` f32 scales.
 #[inline(always)]
-fn row_stride(hd: usize) -> usize {
+pub(super) fn row_stride(hd: usize) -> usize {
     hd + hd / 32 * 4
 }
 

@@ -22,6 +22,13 @@
 //! by all ISAs (compiled under each one's target features). The driver is
 //! monomorphised over that row transform: without a cap it is a no-op and
 //! the uncapped kernel is the same code as before, with no per-tile test.
+//! Invariance: a row's keys are visited in tiles of a fixed grid (a key's
+//! lane is its index, plus the block's anchor, modulo `KT`) gathered from
+//! however many segments hold them; a score, its softmax lane sums and its
+//! `P · V` FMA chain then follow from the row and its keys alone. Other
+//! rows of the block only add keys the row does not see (probability 0,
+//! an exact no-op on finite values), and the path a row takes depends on
+//! the ISA and `head_dim`, not on the block's row count (see [`stored`]).
 // Indices and arithmetic are bounded by the validated block geometry
 // ("Arithmetic bounds" in validate.rs).
 #![allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
@@ -89,14 +96,15 @@ pub(crate) trait Isa: Copy {
     ///
     /// # Safety
     /// `qs` holds `nr * hd` floats, `k` holds `nk * hd` floats, `sc` holds
-    /// `nr * KT` floats, `nk <= KT`, and the CPU supports the ISA.
+    /// `(nr - 1) * KT + nk` floats (a tile's lanes from a piece's first),
+    /// `nk <= KT`, and the CPU supports the ISA.
     unsafe fn scores(qs: *const f32, nr: usize, k: *const f32, nk: usize, hd: usize, sc: *mut f32);
 
     /// `acc[r * hd + d] += Σ_j p[r * KT + j] · v[j * hd + d]` for `r < nr`.
     ///
     /// # Safety
-    /// `p` holds `nr * KT` floats, `v` holds `nk * hd` floats, `acc` holds
-    /// `nr * hd` floats, `nk <= KT`, and the CPU supports the ISA.
+    /// `p` holds `(nr - 1) * KT + nk` floats, `v` holds `nk * hd` floats,
+    /// `acc` holds `nr * hd` floats, `nk <= KT`, and the CPU supports the ISA.
     unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32);
 
     /// Whether [`Isa::scores_pv_stored`] serves `nr` rows of `hd` values.
@@ -118,6 +126,13 @@ pub(crate) trait Isa: Copy {
     /// `s` hold what [`Step`] documents, `nk, nkp <= KT`; the CPU supports the ISA.
     #[inline(always)]
     unsafe fn scores_pv_stored(_s: Step) {}
+
+    /// Bytes of one query row in [`Isa::quantize_q`]'s layout (rows follow
+    /// each other), so a group of rows starts `r * q8_row_bytes(hd)` in.
+    #[inline(always)]
+    fn q8_row_bytes(_hd: usize) -> usize {
+        0
+    }
 
     /// Quantizes the `nr` query rows for integer dot products with q8_0 keys
     /// into `out` (the ISA's layout) and returns it, or null where the ISA
@@ -174,6 +189,14 @@ pub(crate) unsafe fn run_block<I: Isa>(b: &Block<'_>, st: &mut State<'_>) {
 /// [`run_block`] with `scores` applied to each visible row of a tile's raw
 /// scores before its softmax step.
 ///
+/// Invariance: tiles are `KT` keys of a fixed grid (a key's lane is its
+/// concatenated index plus the block's anchor, modulo `KT`), visited in
+/// order; a tile gathers its keys from however many segments hold them.
+/// So a row's scores, softmax steps and `P · V` chain see its keys in the
+/// same tiles and lanes whatever other rows share the block (they only add
+/// keys the row does not see, with probability 0) and however the keys'
+/// cells are cut into segments.
+///
 /// # Safety
 /// As [`run_block`].
 #[inline(always)]
@@ -186,19 +209,6 @@ unsafe fn run_block_with<I: Isa>(
     let Some((lo_all, hi_all)) = b.key_span() else {
         return;
     };
-    // Tiles as (first pool row, keys, concatenated index of the first key).
-    let tiles = b.segs.iter().scan(0usize, |base, seg| {
-        let seg_lo = *base;
-        *base += seg.len;
-        Some((seg, seg_lo))
-    });
-    let tiles = tiles.flat_map(|(seg, seg_lo)| {
-        let a = seg_lo.max(lo_all);
-        let e = (seg_lo + seg.len).min(hi_all);
-        (a..e)
-            .step_by(KT)
-            .map(move |j| (seg.start + (j - seg_lo), KT.min(e - j), j))
-    });
     // Software pipeline: the scores of tile t+1 go with P·V of tile t (two
     // score buffers), so K and V loads of neighbouring tiles overlap.
     let State {
@@ -210,76 +220,186 @@ unsafe fn run_block_with<I: Isa>(
     } = st;
     let (sc0, sc1) = sc.split_at_mut(RB * KT);
     let mut bufs = [sc0, sc1];
-    // Previous tile: (first pool row, keys to accumulate; 0 when no row saw it).
-    let mut prev = (0usize, 0usize);
+    let mut cursor = Pieces::new(b.segs);
+    // The previous tile's pieces; empty when no row saw it.
+    let mut prev = TilePieces::default();
     let mut cur = 0usize;
-    // q quantized once for the whole block (its conv tiles stay unused on the stored path).
-    // Decode blocks only (rows in one stored group): a prefill's q8_0 keys
-    // are widened, so its scores keep f32 queries.
-    let q8 = if b.k.dtype == KvDtype::Q8_0 && I::stored_ok(nr, hd) && conv.len() >= nr * hd {
+    // q quantized once for the whole block, every row alike (its conv tiles
+    // stay unused on the stored path).
+    let q8 = if b.k.dtype == KvDtype::Q8_0 && stored::<I>(nr, hd) && conv.len() >= nr * hd {
         // SAFETY: qs holds nr*hd floats, conv 4*nr*hd bytes (checked).
         unsafe { I::quantize_q(b.qs.as_ptr(), nr, hd, conv.as_mut_ptr().cast()) }
     } else {
         std::ptr::null()
     };
-    for (row0, nk, j) in tiles {
+    // The current tile is keys [end - KT, end) (its start may lie before
+    // key 0); its part with keys is [a, e). Key x is lane x + KT - end.
+    let mut end = lo_all + (KT - (lo_all + b.anchor) % KT);
+    let mut a = lo_all;
+    while a < hi_all {
+        let e = end.min(hi_all);
+        let pieces = cursor.take(a, e, a + KT - end);
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
-        // SAFETY: the tiles lie inside the head's rows (validated runs); the
-        // buffers are sized per the contract; nk, prev.1 <= KT.
-        unsafe { step::<I>(b, (row0, nk), prev, sc, p, acc, conv, q8) };
+        // SAFETY: the pieces lie inside the head's rows (validated runs) and
+        // their lanes inside the tile; the buffers are sized per the contract.
+        unsafe { step_pieces::<I>(b, &pieces, &prev, sc, p, acc, conv, q8) };
         let mut any = false;
         for r in 0..nr {
             let (lo, hi) = (b.lo[r], b.hi[r]);
             let Some(row) = sc[r * KT..(r + 1) * KT].first_chunk_mut::<KT>() else {
                 continue;
             };
-            if lo >= j + nk || hi <= j || lo >= hi {
+            if lo >= e || hi <= a || lo >= hi {
                 row.fill(0.0);
                 continue;
             }
             // Visible keys of this tile, as lanes [va, vb) of the row.
-            let va = lo.saturating_sub(j);
-            let vb = (hi - j).min(nk);
+            let va = lo.max(a) + KT - end;
+            let vb = hi.min(e) + KT - end;
             scores(row);
             let m_old = m[r];
-            // SAFETY: lo < j + nk and hi > j, so va < vb <= nk <= KT; CPU per our contract.
+            // SAFETY: lo < e and hi > a, so va < vb <= KT; CPU per our contract.
             let (mn, sum) = unsafe { I::softmax_row(row, va, vb, m_old) };
             fold_row(m, l, acc, r, mn, sum, hd);
             any = true;
         }
-        prev = (row0, if any { nk } else { 0 });
+        prev = if any { pieces } else { TilePieces::default() };
         cur ^= 1;
+        a = e;
+        end += KT;
     }
-    if prev.1 > 0 {
+    if prev.n > 0 {
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
         // SAFETY: as in the loop; no keys for the scores half.
-        unsafe { step::<I>(b, (0, 0), prev, sc, p, acc, conv, q8) };
+        unsafe { step_pieces::<I>(b, &TilePieces::default(), &prev, sc, p, acc, conv, q8) };
+    }
+}
+
+/// One contiguous part of a tile: `(first pool row, keys, first lane)`.
+type Piece = (usize, usize, usize);
+
+/// A tile's keys as contiguous pieces, in lane order (at most `KT`).
+#[derive(Clone, Copy)]
+struct TilePieces {
+    p: [Piece; KT],
+    n: usize,
+}
+
+impl Default for TilePieces {
+    fn default() -> Self {
+        TilePieces {
+            p: [(0, 0, 0); KT],
+            n: 0,
+        }
+    }
+}
+
+/// Walks the segments in concatenated order, handing out each tile's pieces.
+struct Pieces<'s> {
+    segs: &'s [crate::runs::Run],
+    /// Current segment and its first concatenated index.
+    seg: usize,
+    seg_lo: usize,
+}
+
+impl<'s> Pieces<'s> {
+    fn new(segs: &'s [crate::runs::Run]) -> Self {
+        Pieces {
+            segs,
+            seg: 0,
+            seg_lo: 0,
+        }
+    }
+
+    /// The pieces of keys `[a, e)`, key `a` in lane `lane_a`; tiles come in
+    /// increasing order.
+    fn take(&mut self, a: usize, e: usize, lane_a: usize) -> TilePieces {
+        let mut out = TilePieces::default();
+        let mut j = a;
+        while j < e && self.seg < self.segs.len() {
+            let s = self.segs[self.seg];
+            let s_hi = self.seg_lo + s.len;
+            if j >= s_hi {
+                self.seg += 1;
+                self.seg_lo = s_hi;
+                continue;
+            }
+            let n = e.min(s_hi) - j;
+            if out.n < KT {
+                out.p[out.n] = (s.start + (j - self.seg_lo), n, lane_a + (j - a));
+                out.n += 1;
+            }
+            j += n;
+        }
+        out
+    }
+}
+
+/// Scores of the tile `kt`'s pieces into `sc` and `P · V` of the tile
+/// `vt`'s pieces with `p` into `acc`: one pipelined [`step`] when each is a
+/// single piece, else piece by piece (each piece's keys in lane order, so
+/// every accumulator sees the same chain of keys either way).
+///
+/// # Safety
+/// As [`step`], for every piece.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn step_pieces<I: Isa>(
+    b: &Block<'_>,
+    kt: &TilePieces,
+    vt: &TilePieces,
+    sc: &mut [f32],
+    p: &[f32],
+    acc: &mut [f32],
+    conv: &mut [f32],
+    q8: *const u8,
+) {
+    const NONE: Piece = (0, 0, 0);
+    if kt.n <= 1 && vt.n <= 1 {
+        let (k, v) = (
+            if kt.n == 1 { kt.p[0] } else { NONE },
+            if vt.n == 1 { vt.p[0] } else { NONE },
+        );
+        // SAFETY: forwarded contract.
+        unsafe { step::<I>(b, k, v, sc, p, acc, conv, q8) };
+        return;
+    }
+    for &k in &kt.p[..kt.n] {
+        // SAFETY: forwarded contract.
+        unsafe { step::<I>(b, k, NONE, sc, p, acc, conv, q8) };
+    }
+    for &v in &vt.p[..vt.n] {
+        // SAFETY: forwarded contract.
+        unsafe { step::<I>(b, NONE, v, sc, p, acc, conv, q8) };
     }
 }
 
 /// Whether the block's rows go through [`Isa::scores_pv_stored`] (whole or
-/// in groups of 4).
+/// in groups of 4). Depends on the ISA and `hd` only where the ISA runs
+/// groups, so a row takes the same path in any block.
 #[inline(always)]
 fn stored<I: Isa>(nr: usize, hd: usize) -> bool {
     I::stored_ok(nr, hd) || (I::STORED_GROUPS && I::stored_ok(4, hd))
 }
 
-/// One pipeline step: scores of the `kt = (first row, keys)` tile of K into
-/// `sc`, `P · V` of the `vt` tile of V with `p` into `acc`; as stored where
-/// the ISA widens in registers, else through the `conv` scratch tiles.
+/// One pipeline step: scores of the `kt = (first row, keys, first lane)`
+/// piece of K into lanes of `sc`, `P · V` of the `vt` piece of V with the
+/// same lanes of `p` into `acc`; as stored where the ISA widens in
+/// registers, else through the `conv` scratch tiles.
 ///
 /// # Safety
-/// The tiles lie inside the head's rows; `sc`, `p` hold `nr * KT` floats,
-/// `acc` `nr * hd`, `conv` `2 * KT * hd`; keys <= KT; `q8` null or from
-/// `I::quantize_q` of this block (and `conv` then unused); the CPU supports `I`.
+/// The pieces lie inside the head's rows, their lanes inside `KT`; `sc`,
+/// `p` hold `nr * KT` floats, `acc` `nr * hd`, `conv` `2 * KT * hd`; `q8`
+/// null or from `I::quantize_q` of this block's rows (and `conv` then
+/// unused); the CPU supports `I`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn step<I: Isa>(
     b: &Block<'_>,
-    kt: (usize, usize),
-    vt: (usize, usize),
+    kt: Piece,
+    vt: Piece,
     sc: &mut [f32],
     p: &[f32],
     acc: &mut [f32],
@@ -294,6 +414,7 @@ unsafe fn step<I: Isa>(
             b.v.bytes[vt.0 * vrb..(vt.0 + vt.1) * vrb].as_ptr(),
         );
         let group = if I::stored_ok(nr, hd) { nr } else { 4 };
+        let q8_row = I::q8_row_bytes(hd);
         let mut r = 0;
         while r < nr {
             let g = group.min(nr - r);
@@ -303,19 +424,23 @@ unsafe fn step<I: Isa>(
                 k,
                 kd: b.k.dtype,
                 nk: kt.1,
-                sc: sc[r * KT..].as_mut_ptr(),
-                p: p[r * KT..].as_ptr(),
+                sc: sc[r * KT + kt.2..].as_mut_ptr(),
+                p: p[r * KT + vt.2..].as_ptr(),
                 v,
                 vd: b.v.dtype,
                 nkp: vt.1,
                 hd,
                 acc: acc[r * hd..].as_mut_ptr(),
-                // Null unless the block is one group (run_block quantizes decode blocks only).
-                q8,
+                q8: if q8.is_null() {
+                    q8
+                } else {
+                    q8.wrapping_add(r * q8_row)
+                },
             };
             // SAFETY: stored_ok held for g rows (g <= 4 in groups); the
-            // slices above hold the tiles' rows and rows r..r + g of the
-            // block's buffers; q8 covers the block when non-null.
+            // slices above hold the pieces' rows and rows r..r + g of the
+            // block's buffers (lanes + keys <= KT); q8 covers rows r.. when
+            // non-null.
             unsafe { I::scores_pv_stored(s) };
             r += g;
         }
@@ -323,15 +448,29 @@ unsafe fn step<I: Isa>(
     }
     let (kconv, vconv) = conv.split_at_mut(KT * hd);
     // SAFETY: each conversion buffer holds KT * hd >= keys * hd floats; qs has
-    // nr*hd floats, sc / p nr*KT, acc nr*hd (contract).
+    // nr*hd floats, sc / p nr*KT from lane 0, acc nr*hd (contract).
     unsafe {
         if kt.1 > 0 {
             let k = tile::<I>(b.k, kt.0, kt.1, hd, kconv);
-            I::scores(b.qs.as_ptr(), nr, k.as_ptr(), kt.1, hd, sc.as_mut_ptr());
+            I::scores(
+                b.qs.as_ptr(),
+                nr,
+                k.as_ptr(),
+                kt.1,
+                hd,
+                sc[kt.2..].as_mut_ptr(),
+            );
         }
         if vt.1 > 0 {
             let v = tile::<I>(b.v, vt.0, vt.1, hd, vconv);
-            I::pv(p.as_ptr(), nr, v.as_ptr(), vt.1, hd, acc.as_mut_ptr());
+            I::pv(
+                p[vt.2..].as_ptr(),
+                nr,
+                v.as_ptr(),
+                vt.1,
+                hd,
+                acc.as_mut_ptr(),
+            );
         }
     }
 }

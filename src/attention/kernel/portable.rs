@@ -90,7 +90,8 @@ impl<const FMA: bool> Isa for Portable<FMA> {
     #[inline(always)]
     unsafe fn scores(qs: *const f32, nr: usize, k: *const f32, nk: usize, hd: usize, sc: *mut f32) {
         // SAFETY: sizes per the trait contract.
-        let (qs, k, sc) = unsafe { slices((qs, nr * hd), (k, nk * hd), (sc, nr * KT)) };
+        let n_sc = (nr - 1) * KT + nk;
+        let (qs, k, sc) = unsafe { slices((qs, nr * hd), (k, nk * hd), (sc, n_sc)) };
         for (j, kr) in k.chunks_exact(hd).enumerate() {
             for (r, qr) in qs.chunks_exact(hd).enumerate() {
                 sc[r * KT + j] = dot::<FMA>(qr, kr);
@@ -101,7 +102,8 @@ impl<const FMA: bool> Isa for Portable<FMA> {
     #[inline(always)]
     unsafe fn pv(p: *const f32, nr: usize, v: *const f32, nk: usize, hd: usize, acc: *mut f32) {
         // SAFETY: sizes per the trait contract.
-        let (p, v, acc) = unsafe { slices((p, nr * KT), (v, nk * hd), (acc, nr * hd)) };
+        let n_p = (nr - 1) * KT + nk;
+        let (p, v, acc) = unsafe { slices((p, n_p), (v, nk * hd), (acc, nr * hd)) };
         for (j, vr) in v.chunks_exact(hd).enumerate() {
             for (r, ar) in acc.chunks_exact_mut(hd).enumerate() {
                 let pj = p[r * KT + j];

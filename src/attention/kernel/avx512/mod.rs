@@ -170,6 +170,16 @@ impl<const VNNI: bool> Isa for Avx512<VNNI> {
         nr <= 4 && hd.is_multiple_of(16)
     }
 
+    // The float scratch-tile kernels give the stored step's bits (the same
+    // loads, FMA chains and `hsum16`), so only VNNI, whose q8_0 key scores
+    // are integer dots on the stored step alone, runs every block that way.
+    const STORED_GROUPS: bool = VNNI;
+
+    #[inline(always)]
+    fn q8_row_bytes(hd: usize) -> usize {
+        vnni::row_stride(hd)
+    }
+
     #[inline(always)]
     unsafe fn quantize_q(qs: *const f32, nr: usize, hd: usize, out: *mut u8) -> *const u8 {
         if !VNNI || !hd.is_multiple_of(64) {

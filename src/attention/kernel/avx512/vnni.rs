@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 /// Bytes of one quantized query row in the [`quantize`] layout: `hd` int8,
 /// then `hd / 32` f32 scales, then per 64 values one `__m512i` of corrections.
 #[inline(always)]
-fn row_stride(hd: usize) -> usize {
+pub(super) fn row_stride(hd: usize) -> usize {
     hd + hd / 32 * 4 + hd / 64 * 64
 }
 
