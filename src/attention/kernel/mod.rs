@@ -236,14 +236,27 @@ unsafe fn run_block_with<I: Isa>(
     // key 0); its part with keys is [a, e). Key x is lane x + KT - end.
     let mut end = lo_all + (KT - (lo_all + b.anchor) % KT);
     let mut a = lo_all;
-    while a < hi_all {
+    // One pass past the last tile: its P·V alone (one call site of the
+    // step, which inlines the stored kernels' every variant).
+    loop {
+        let last = a >= hi_all;
+        if last && prev.n == 0 {
+            break;
+        }
         let e = end.min(hi_all);
-        let pieces = cursor.take(a, e, a + KT - end);
+        let pieces = if last {
+            TilePieces::default()
+        } else {
+            cursor.take(a, e, a + KT - end)
+        };
         let [b0, b1] = &mut bufs;
         let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
         // SAFETY: the pieces lie inside the head's rows (validated runs) and
         // their lanes inside the tile; the buffers are sized per the contract.
         unsafe { step_pieces::<I>(b, &pieces, &prev, sc, p, acc, conv, q8) };
+        if last {
+            break;
+        }
         let mut any = false;
         for r in 0..nr {
             let (lo, hi) = (b.lo[r], b.hi[r]);
@@ -268,12 +281,6 @@ unsafe fn run_block_with<I: Isa>(
         cur ^= 1;
         a = e;
         end += KT;
-    }
-    if prev.n > 0 {
-        let [b0, b1] = &mut bufs;
-        let (sc, p) = if cur == 0 { (b0, &*b1) } else { (b1, &*b0) };
-        // SAFETY: as in the loop; no keys for the scores half.
-        unsafe { step_pieces::<I>(b, &TilePieces::default(), &prev, sc, p, acc, conv, q8) };
     }
 }
 
@@ -357,22 +364,22 @@ unsafe fn step_pieces<I: Isa>(
     q8: *const u8,
 ) {
     const NONE: Piece = (0, 0, 0);
-    if kt.n <= 1 && vt.n <= 1 {
-        let (k, v) = (
-            if kt.n == 1 { kt.p[0] } else { NONE },
-            if vt.n == 1 { vt.p[0] } else { NONE },
-        );
+    let single = kt.n <= 1 && vt.n <= 1;
+    let calls = if single { 1 } else { kt.n + vt.n };
+    // One call site of `step` (see `run_block_with`).
+    for c in 0..calls {
+        let (k, v) = if single {
+            (
+                if kt.n == 1 { kt.p[0] } else { NONE },
+                if vt.n == 1 { vt.p[0] } else { NONE },
+            )
+        } else if c < kt.n {
+            (kt.p[c], NONE)
+        } else {
+            (NONE, vt.p[c - kt.n])
+        };
         // SAFETY: forwarded contract.
         unsafe { step::<I>(b, k, v, sc, p, acc, conv, q8) };
-        return;
-    }
-    for &k in &kt.p[..kt.n] {
-        // SAFETY: forwarded contract.
-        unsafe { step::<I>(b, k, NONE, sc, p, acc, conv, q8) };
-    }
-    for &v in &vt.p[..vt.n] {
-        // SAFETY: forwarded contract.
-        unsafe { step::<I>(b, NONE, v, sc, p, acc, conv, q8) };
     }
 }
 
