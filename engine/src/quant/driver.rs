@@ -79,6 +79,9 @@ struct Job<'a> {
     /// by the lanes kernels; parts then split it at multiples of `LANES`,
     /// so which kernel computes a row does not depend on the split.
     lanes: bool,
+    /// The packed groups and one group's bytes, when the lanes kernels read
+    /// them (`repack`) instead of the rows in place.
+    packed: Option<(&'a [u8], usize)>,
     /// Where this weight's rows start in the call's byte space.
     off: u64,
 }
@@ -128,6 +131,7 @@ pub(super) fn run(
     let cols = first.cols;
     for (i, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
         w.row_bytes_checked()?;
+        w.packed_checked()?;
         if w.cols != cols {
             return Err(invalid(format!(
                 "matmul: weight {i} has {} cols, weight 0 has {cols}",
@@ -186,6 +190,10 @@ fn run_filled(
         let mut total = 0u64;
         for ((slot, w), o) in jobs.iter_mut().zip(wg).zip(og.iter_mut()) {
             let row_bytes = w.row_bytes_checked()?;
+            let packed = match (w.packed, w.packed_checked()?) {
+                (Some(p), Some(gb)) if packs(path) => Some((p, gb)),
+                _ => None,
+            };
             *slot = Some(Job {
                 w: **w,
                 out: Out {
@@ -193,7 +201,8 @@ fn run_filled(
                     len: o.len(),
                 },
                 row_bytes,
-                lanes: lanes_for(path, w.ty),
+                lanes: packed.is_some() || lanes_for(path, w.ty),
+                packed,
                 off: total,
             });
             total = total.saturating_add((row_bytes as u64).saturating_mul(w.rows as u64));
@@ -243,6 +252,17 @@ fn lanes_for(path: Path, ty: GgmlType) -> bool {
         return super::vnni_lanes::supports(ty);
     }
     let _ = (path, ty);
+    false
+}
+
+/// Whether `path` reads packed groups (the VNNI path: the packed kernels
+/// are its lanes kernels).
+fn packs(path: Path) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Vnni {
+        return true;
+    }
+    let _ = path;
     false
 }
 
@@ -402,6 +422,20 @@ fn lanes_chunk<K: Kernel, const T: usize>(
     let mut ok = true;
     let mut r = b0;
     while r + LANES <= b1 {
+        if let Some((p, gb)) = job.packed {
+            let g = (r / LANES).checked_mul(gb);
+            let group = g.and_then(|lo| p.get(lo..lo.checked_add(gb)?));
+            let Some(v) = group.and_then(|g| K::dots_packed::<T>(w.ty, g, &views, w.cols)) else {
+                return false;
+            };
+            for (i, v) in v.iter().enumerate() {
+                for (j, &v) in v.iter().enumerate() {
+                    ok &= job.out.put((t + i) * w.rows + r + j, v);
+                }
+            }
+            r += LANES;
+            continue;
+        }
         let rows = r
             .checked_mul(rb)
             .and_then(|lo| w.data.get(lo..lo.checked_add(LANES * rb)?));

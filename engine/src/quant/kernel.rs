@@ -39,4 +39,17 @@ pub(super) trait Kernel {
     ) -> Option<[[f32; LANES]; T]> {
         None
     }
+
+    /// A group packed at load (`repack`) of `LANES` rows of `cols` values
+    /// against `T` tokens, `out[t][r]`; `None` for a path without packed
+    /// kernels (the driver asks only on the VNNI path) or a bad length.
+    #[inline(always)]
+    fn dots_packed<const T: usize>(
+        _ty: GgmlType,
+        _group: &[u8],
+        _a: &[Act<'_>; T],
+        _cols: usize,
+    ) -> Option<[[f32; LANES]; T]> {
+        None
+    }
 }

@@ -9,6 +9,10 @@
 //!   once for all tokens of a tile (`driver`), and threads split the output
 //!   rows over the core's worker pool.
 //! - [`dequantize_row`]: one row widened to f32 (embedding lookups).
+//! - [`packed_len`] / [`pack`] / [`QMatrix::with_packed`]: a copy of a
+//!   weight's whole groups of 16 rows in the layout the VNNI lanes kernels
+//!   load contiguously (`repack`), made once at load; the matmuls then read
+//!   those groups from it.
 //!
 //! Accuracy: the integer dots are exact for the quantized activations, so a
 //! result differs from the f64 product of the dequantized weights and `x`
@@ -33,10 +37,9 @@ mod dequant;
 mod driver;
 mod isa;
 mod kernel;
-#[cfg(target_arch = "x86_64")]
-mod lanes_k;
 mod lowbit;
 mod portable;
+mod repack;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod unpack;
@@ -63,7 +66,14 @@ pub struct QMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    /// The whole groups of [`LANES`] rows packed by [`pack`], which the VNNI
+    /// path reads instead of `data` for those rows, for every token count;
+    /// other paths and the rows left over read `data`.
+    pub packed: Option<&'a [u8]>,
 }
+
+/// Rows of a packed group.
+pub const LANES: usize = kernel::LANES;
 
 impl<'a> QMatrix<'a> {
     /// A weight over `data`: `Format` when `cols` is not a whole number of
@@ -74,9 +84,49 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             data,
+            packed: None,
         };
         m.row_bytes_checked()?;
         Ok(m)
+    }
+
+    /// This weight with its groups read from `packed` ([`pack`]'s output
+    /// for it): `InvalidArgument` when the type has no packed layout or
+    /// `packed` is not [`packed_len`]'s size.
+    pub fn with_packed(self, packed: &'a [u8]) -> Result<Self> {
+        let m = QMatrix {
+            packed: Some(packed),
+            ..self
+        };
+        m.packed_checked()?;
+        Ok(m)
+    }
+
+    /// Bytes of one packed group when `packed` is set (checked against the
+    /// shape: the fields are public).
+    pub(crate) fn packed_checked(&self) -> Result<Option<usize>> {
+        let Some(p) = self.packed else {
+            return Ok(None);
+        };
+        let gb = repack::group_bytes(self.ty, self.cols).ok_or_else(|| {
+            EngineError::InvalidArgument(format!(
+                "{} weight of {} cols: no packed layout",
+                self.ty.name(),
+                self.cols
+            ))
+        })?;
+        let want = (self.rows / LANES).checked_mul(gb);
+        if want != Some(p.len()) {
+            return Err(EngineError::InvalidArgument(format!(
+                "{} weight of {} rows x {} cols: expected {} packed bytes, got {}",
+                self.ty.name(),
+                self.rows,
+                self.cols,
+                want.map_or_else(|| "too many".to_string(), |t| t.to_string()),
+                p.len()
+            )));
+        }
+        Ok(Some(gb))
     }
 
     /// Bytes of one row, after checking `data` holds exactly `rows` of them
@@ -159,4 +209,48 @@ pub fn matmul_many_with_isa(
     threads: usize,
 ) -> Result<()> {
     driver::run(isa::select(isa)?, ws, x, n_tokens, outs, threads)
+}
+
+/// Bytes of the packed copy of a `rows` x `cols` weight of `ty` ([`pack`]),
+/// when the active path runs `ty` by packed kernels (AVX-512 VNNI) and the
+/// weight has at least one whole group of [`LANES`] rows; else `None`.
+pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if isa::select(QuantIsa::Auto).ok()? == isa::Path::Vnni && rows >= LANES {
+        return repack::group_bytes(ty, cols)?.checked_mul(rows / LANES);
+    }
+    let _ = (ty, rows, cols);
+    None
+}
+
+/// Writes `w`'s whole groups of [`LANES`] rows in the packed layout into
+/// `out` (`rows / LANES` groups): `InvalidArgument` when the type has no
+/// packed layout or `out` has another length (nothing written then).
+pub fn pack(w: &QMatrix, out: &mut [u8]) -> Result<()> {
+    let rb = w.row_bytes_checked()?;
+    let bad = |what: &str| {
+        EngineError::InvalidArgument(format!(
+            "pack: {} weight of {} rows x {} cols: {what}",
+            w.ty.name(),
+            w.rows,
+            w.cols
+        ))
+    };
+    let gb = repack::group_bytes(w.ty, w.cols).ok_or_else(|| bad("no packed layout"))?;
+    let groups = w.rows / LANES;
+    if groups.checked_mul(gb) != Some(out.len()) {
+        return Err(bad(&format!(
+            "expected {} output bytes, got {}",
+            groups.saturating_mul(gb),
+            out.len()
+        )));
+    }
+    for (rows, g) in w
+        .data
+        .chunks_exact(LANES * rb)
+        .zip(out.chunks_exact_mut(gb))
+    {
+        repack::pack(w.ty, rows, rb, w.cols, g).ok_or_else(|| bad("inconsistent lengths"))?;
+    }
+    Ok(())
 }

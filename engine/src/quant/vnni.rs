@@ -1,6 +1,7 @@
 //! The AVX-512 VNNI kernels: the 32-value block types in `vnni_wide` (two
 //! blocks a 512-bit register: a matvec, and the rows a batch leaves over)
-//! and `vnni_lanes` (16 rows a register: batched steps), Q4_K and Q6_K in
+//! and `vnni_lanes` (16 rows a register: batched steps, and the groups
+//! `repack` packed at load, which run there for every step), Q4_K and Q6_K in
 //! `vnni_k`; Q5_1, Q5_K, Q8_K, Q2_K, Q3_K, the IQ4 types and the float
 //! types run the AVX2 kernels, compiled here with the wider feature set.
 //!
@@ -38,6 +39,17 @@ impl Kernel for Vnni {
     ) -> Option<[[f32; LANES]; T]> {
         // SAFETY: only reached from `driver::compute_vnni` (module docs).
         unsafe { super::vnni_lanes::dots::<T>(ty, rows, rb, a, cols) }
+    }
+
+    #[inline(always)]
+    fn dots_packed<const T: usize>(
+        ty: GgmlType,
+        group: &[u8],
+        a: &[Act<'_>; T],
+        cols: usize,
+    ) -> Option<[[f32; LANES]; T]> {
+        // SAFETY: only reached from `driver::compute_vnni` (module docs).
+        unsafe { super::repack::dots::<T>(ty, group, a, cols) }
     }
 
     #[inline(always)]

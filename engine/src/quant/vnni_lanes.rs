@@ -8,9 +8,12 @@
 //! spend a convert, a multiply and an FMA per row and block pair. No lane
 //! ever needs a horizontal sum: lane `r` is row `r`'s result.
 //!
-//! The weights are read in place: the four bytes of each row come by one
-//! `vpgatherdd` over the 16 rows' blocks (and the f16 scales the same way),
-//! so the GGUF's bytes are never repacked or copied.
+//! Two sources of the same registers: the weights in place (each row's
+//! block by plain loads moved into lanes by `vpermt2d`, the f16 scales by one
+//! `vpgatherdd`), or a group packed at load (`repack`), where each register
+//! is one contiguous 64-byte load and the 16 scales one 32-byte load. Both
+//! then run the same arithmetic in the same order ([`accumulate`]), so their
+//! results are bit-identical.
 //!
 //! Unsigned weights, as `vnni` explains: Q4_0 `q + 8`, Q5_0 `q + 16`, Q8_0
 //! `q + 128`, whose offset product `o · Σy` starts each block's int32 lane
@@ -300,25 +303,158 @@ unsafe fn lanes<const T: usize, const K: u8>(
                 _mm512_setzero_ps()
             };
             let w = unpack::<K>(blk, rb, ridx);
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let at = a.get_unchecked(t);
-                let y = at.qs.as_ptr().add(b * 32).cast::<i32>();
-                let mut dot = _mm512_set1_epi32(-off * i32::from(*at.bs.get_unchecked(b)));
-                for (g, wg) in w.iter().enumerate() {
-                    dot =
-                        _mm512_dpbusd_epi32(dot, *wg, _mm512_set1_epi32(y.add(g).read_unaligned()));
-                }
-                let sc = _mm512_mul_ps(dw, _mm512_set1_ps(*at.d.get_unchecked(b)));
-                *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *acc_t);
-                if K == 1 {
-                    *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(*at.s.get_unchecked(b)), *acc_t);
-                }
+            accumulate::<T, K>(&mut acc, &w, dw, mw, a, b, off);
+        }
+        store(&acc)
+    }
+}
+
+/// Block `b`'s 16 rows (`w`: unsigned weight bytes, `dw` scales, `mw`
+/// Q4_1's mins) into every token's accumulators, in block order.
+///
+/// # Safety
+/// Every token holds block `b`'s quants, scale and sums; the module's features.
+#[inline(always)]
+unsafe fn accumulate<const T: usize, const K: u8>(
+    acc: &mut [__m512; T],
+    w: &[__m512i; 8],
+    dw: __m512,
+    mw: __m512,
+    a: &[Act<'_>; T],
+    b: usize,
+    off: i32,
+) {
+    // SAFETY: the caller's token bounds and CPU features.
+    unsafe {
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let at = a.get_unchecked(t);
+            let y = at.qs.as_ptr().add(b * 32).cast::<i32>();
+            let mut dot = _mm512_set1_epi32(-off * i32::from(*at.bs.get_unchecked(b)));
+            for (g, wg) in w.iter().enumerate() {
+                dot = _mm512_dpbusd_epi32(dot, *wg, _mm512_set1_epi32(y.add(g).read_unaligned()));
+            }
+            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(*at.d.get_unchecked(b)));
+            *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *acc_t);
+            if K == 1 {
+                *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(*at.s.get_unchecked(b)), *acc_t);
             }
         }
-        let mut out = [[0f32; LANES]; T];
-        for (o, acc_t) in out.iter_mut().zip(&acc) {
-            _mm512_storeu_ps(o.as_mut_ptr(), *acc_t);
+    }
+}
+
+#[inline(always)]
+unsafe fn store<const T: usize>(acc: &[__m512; T]) -> [[f32; LANES]; T] {
+    let mut out = [[0f32; LANES]; T];
+    for (o, acc_t) in out.iter_mut().zip(acc) {
+        // SAFETY: 16 floats of `o`.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *acc_t) };
+    }
+    out
+}
+
+/// A packed group (`repack::q32`'s layout) of `cols` values a row against
+/// `T` tokens: `out[t][r]`, bit-identical to [`dots`] on the rows it packs.
+/// `None` when a length does not fit `ty` and `cols`.
+///
+/// # Safety
+/// The CPU has the module's features.
+#[inline(always)]
+pub(super) unsafe fn packed_dots<const T: usize>(
+    ty: GgmlType,
+    group: &[u8],
+    a: &[Act<'_>; T],
+    cols: usize,
+) -> Option<[[f32; LANES]; T]> {
+    if super::repack::q32::group_bytes(ty, cols)? != group.len() {
+        return None;
+    }
+    let blocks = cols / 32;
+    let ok = a.iter().all(|a| {
+        a.qs.len() >= cols && a.d.len() >= blocks && a.s.len() >= blocks && a.bs.len() >= blocks
+    });
+    if !ok {
+        return None;
+    }
+    let base = group.as_ptr();
+    // SAFETY: `group` is exactly one packed group of `blocks` blocks of `ty`
+    // (checked), each token holds `cols` quants and `blocks` scales and
+    // sums; the caller's CPU features.
+    unsafe {
+        Some(match ty {
+            GgmlType::Q4_0 => packed::<T, 0>(base, a, blocks),
+            GgmlType::Q4_1 => packed::<T, 1>(base, a, blocks),
+            GgmlType::Q5_0 => packed::<T, 2>(base, a, blocks),
+            GgmlType::Q8_0 => packed::<T, 4>(base, a, blocks),
+            _ => return None,
+        })
+    }
+}
+
+/// Bytes ahead of the quants being read that each block prefetches: the
+/// group streams from DRAM at real sizes, so the distance covers its latency.
+const PACKED_AHEAD: usize = 2048;
+
+/// The packed kernel of one type (`K` as in [`lanes`]).
+#[inline(always)]
+unsafe fn packed<const T: usize, const K: u8>(
+    base: *const u8,
+    a: &[Act<'_>; T],
+    blocks: usize,
+) -> [[f32; LANES]; T] {
+    use super::repack::q32;
+    let off = q32_offset(K);
+    let (qb, hb, sb) = (q32::quant_bytes(K), q32::high_bytes(K), q32::scale_bytes(K));
+    // SAFETY (whole fn): `packed_dots` checked the group's length, which
+    // holds `blocks` quant, high-bit and scale records at these offsets.
+    unsafe {
+        let highs = base.add(blocks * qb);
+        let scales = highs.add(blocks * hb);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..blocks {
+            let q = base.add(b * qb);
+            let mut l = 0;
+            while l < qb {
+                // Past the group's end this reads the next group (or nothing:
+                // a prefetch never faults).
+                _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PACKED_AHEAD + l).cast());
+                l += 64;
+            }
+            let s = scales.add(b * sb);
+            let (dw, mw) = if K == 1 {
+                let head = _mm512_loadu_si512(s.cast());
+                (
+                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)),
+                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head))),
+                )
+            } else {
+                (
+                    _mm512_cvtph_ps(_mm256_loadu_si256(s.cast())),
+                    _mm512_setzero_ps(),
+                )
+            };
+            let mut w = [_mm512_setzero_si512(); 8];
+            if K == 4 {
+                for (g, wg) in w.iter_mut().enumerate() {
+                    *wg = _mm512_loadu_si512(q.add(64 * g).cast());
+                }
+            } else {
+                let low = _mm512_set1_epi8(0x0f);
+                for m in 0..4 {
+                    let v = _mm512_loadu_si512(q.add(64 * m).cast());
+                    *w.get_unchecked_mut(m) = _mm512_and_si512(v, low);
+                    *w.get_unchecked_mut(m + 4) = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                }
+                if K == 2 {
+                    let table = _mm512_loadu_si512(FIFTH_BITS.as_ptr().cast());
+                    let mut qh = _mm512_loadu_si512(highs.add(b * hb).cast());
+                    for wg in &mut w {
+                        *wg = _mm512_or_si512(*wg, _mm512_permutexvar_epi32(qh, table));
+                        qh = _mm512_srli_epi32::<4>(qh);
+                    }
+                }
+            }
+            accumulate::<T, K>(&mut acc, &w, dw, mw, a, b, off);
         }
-        out
+        store(&acc)
     }
 }

@@ -1,0 +1,202 @@
+//! Weights packed at load: on the AVX-512 VNNI path a packed weight's
+//! outputs are bit-identical to the same weight read in place (the 32-value
+//! types), for every token count and thread count with rows left over; a
+//! token's outputs do not depend on the batch it runs in (every packed type);
+//! other paths ignore the packed copy; bad packed buffers are refused.
+
+use offgraph_kv_engine::quant::{
+    active_isa, matmul, matmul_with_isa, pack, packed_len, QMatrix, QuantIsa, LANES,
+};
+use offgraph_kv_engine::{EngineError, GgmlType};
+
+const Q32: [GgmlType; 4] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+];
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// An f16 in [2^-7, 2^-6): finite, modest, random mantissa.
+fn small_f16(r: &mut Rng) -> [u8; 2] {
+    (((15 - 7) << 10) | (r.next() as u16 & 0x3ff)).to_le_bytes()
+}
+
+/// Random blocks of `ty` whose f16 scales are finite.
+fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut r = Rng(seed);
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut data: Vec<u8> = (0..rows * rb).map(|_| r.next() as u8).collect();
+    let bb = ty.block_bytes();
+    // Where each block's f16 scales sit.
+    let at: &[usize] = match ty {
+        GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    };
+    for blk in data.chunks_exact_mut(bb) {
+        for &o in at {
+            blk[o..o + 2].copy_from_slice(&small_f16(&mut r));
+        }
+    }
+    data
+}
+
+fn input(n: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed);
+    (0..n * cols).map(|_| r.unit()).collect()
+}
+
+fn packed_of(w: &QMatrix) -> Vec<u8> {
+    let len = packed_len(w.ty, w.rows, w.cols).expect("a packed layout on this path");
+    let mut out = vec![0u8; len];
+    pack(w, &mut out).unwrap();
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|v| v.to_bits()).collect()
+}
+
+fn vnni() -> bool {
+    active_isa() == QuantIsa::Avx512Vnni
+}
+
+#[test]
+fn packed_q32_types_match_the_rows_in_place_bit_for_bit() {
+    if !vnni() {
+        // No packed kernels on this path: nothing is packed.
+        assert!(Q32.iter().all(|&ty| packed_len(ty, 64, 256).is_none()));
+        return;
+    }
+    // Three groups and five rows left over; 8 blocks a row.
+    let (rows, cols, n) = (3 * LANES + 5, 256, 20);
+    let x = input(n, cols, 7);
+    for (i, ty) in Q32.into_iter().enumerate() {
+        let data = weight(ty, rows, cols, 100 + i as u64);
+        let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+        let p = packed_of(&w);
+        assert_eq!(
+            p.len(),
+            3 * LANES * ty.row_bytes(cols as u64).unwrap() as usize
+        );
+        let wp = w.with_packed(&p).unwrap();
+        for t in 1..=n {
+            for threads in [1, 2] {
+                let mut a = vec![0f32; t * rows];
+                let mut b = vec![f32::NAN; t * rows];
+                matmul(&w, &x, t, &mut a, threads).unwrap();
+                matmul(&wp, &x, t, &mut b, threads).unwrap();
+                assert_eq!(bits(&a), bits(&b), "{ty:?} T={t} threads={threads}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_tokens_packed_outputs_do_not_depend_on_its_batch() {
+    let mut types = Q32.to_vec();
+    // Q4_K and Q6_K where their packed kernels exist.
+    types.extend(
+        [GgmlType::Q4_K, GgmlType::Q6_K]
+            .into_iter()
+            .filter(|&ty| packed_len(ty, LANES, 256).is_some()),
+    );
+    if !vnni() {
+        return assert!(types.iter().all(|&ty| packed_len(ty, LANES, 256).is_none()));
+    }
+    let (rows, cols, n) = (2 * LANES + 3, 512, 19);
+    let x = input(n, cols, 11);
+    for (i, ty) in types.into_iter().enumerate() {
+        let data = weight(ty, rows, cols, 200 + i as u64);
+        let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+        let p = packed_of(&w);
+        let wp = w.with_packed(&p).unwrap();
+        let mut batch = vec![0f32; n * rows];
+        matmul(&wp, &x, n, &mut batch, 2).unwrap();
+        for t in 0..n {
+            let mut alone = vec![0f32; rows];
+            matmul(&wp, &x[t * cols..(t + 1) * cols], 1, &mut alone, 1).unwrap();
+            assert_eq!(
+                bits(&alone),
+                bits(&batch[t * rows..(t + 1) * rows]),
+                "{ty:?} token {t}"
+            );
+        }
+    }
+}
+
+#[test]
+fn other_paths_read_the_rows_in_place() {
+    if !vnni() {
+        return;
+    }
+    let (rows, cols, n) = (LANES + 1, 64, 5);
+    let x = input(n, cols, 3);
+    let data = weight(GgmlType::Q8_0, rows, cols, 5);
+    let w = QMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap();
+    // A packed copy of other weights: the AVX2 path must not read it.
+    let other = weight(GgmlType::Q8_0, rows, cols, 6);
+    let p = packed_of(&QMatrix::new(GgmlType::Q8_0, rows, cols, &other).unwrap());
+    let wp = w.with_packed(&p).unwrap();
+    let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+    matmul_with_isa(QuantIsa::Avx2, &w, &x, n, &mut a, 1).unwrap();
+    matmul_with_isa(QuantIsa::Avx2, &wp, &x, n, &mut b, 1).unwrap();
+    assert_eq!(bits(&a), bits(&b));
+}
+
+fn kind<T>(r: Result<T, EngineError>) -> Option<&'static str> {
+    match r {
+        Err(EngineError::InvalidArgument(_)) => Some("InvalidArgument"),
+        Err(_) => Some("other"),
+        Ok(_) => None,
+    }
+}
+
+#[test]
+fn bad_packed_buffers_are_refused() {
+    let (rows, cols) = (2 * LANES, 64);
+    let data = weight(GgmlType::Q4_0, rows, cols, 9);
+    let w = QMatrix::new(GgmlType::Q4_0, rows, cols, &data).unwrap();
+    let len = 2 * LANES * GgmlType::Q4_0.row_bytes(cols as u64).unwrap() as usize;
+    let mut out = vec![7u8; len - 1];
+    assert_eq!(kind(pack(&w, &mut out)), Some("InvalidArgument"));
+    assert!(out.iter().all(|&b| b == 7), "a refused pack writes nothing");
+    assert_eq!(kind(w.with_packed(&out)), Some("InvalidArgument"));
+    // A type without a packed layout.
+    let f = vec![0u8; rows * cols * 4];
+    let wf = QMatrix::new(GgmlType::F32, rows, cols, &f).unwrap();
+    assert!(packed_len(GgmlType::F32, rows, cols).is_none());
+    assert_eq!(kind(pack(&wf, &mut [])), Some("InvalidArgument"));
+    assert_eq!(kind(wf.with_packed(&[])), Some("InvalidArgument"));
+    // A struct literal with a wrong packed length: the matmul refuses it
+    // and leaves the output as it was.
+    let short = vec![0u8; len - 64];
+    let bad = QMatrix {
+        packed: Some(&short),
+        ..w
+    };
+    let x = input(1, cols, 1);
+    let mut o = vec![1f32; rows];
+    assert_eq!(
+        kind(matmul(&bad, &x, 1, &mut o, 1)),
+        Some("InvalidArgument")
+    );
+    assert!(o.iter().all(|&v| v == 1.0));
+    // Fewer rows than a group: nothing to pack.
+    assert!(packed_len(GgmlType::Q4_0, LANES - 1, cols).is_none());
+}
