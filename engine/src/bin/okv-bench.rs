@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! okv-bench model.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128]
-//!                      [--reps 3] [--ubatch 512] [--kv-dtype float32]
+//!                      [--reps 3] [--ubatch 512] [--kv-dtype float32] [--no-repack]
 //! okv-bench --floor 2048 [--threads 1,2] [--reps 3]
 //! ```
 //! Each thread count and depth first runs one untimed token (as llama-bench
@@ -36,9 +36,10 @@ struct Args {
     reps: usize,
     ubatch: usize,
     kv_dtype: KvDtype,
+    repack: bool,
 }
 
-const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128] [--reps 3] [--ubatch 512] [--kv-dtype float32]\n       okv-bench --floor MIB [--threads 1,2] [--reps 3]";
+const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128] [--reps 3] [--ubatch 512] [--kv-dtype float32] [--no-repack]\n       okv-bench --floor MIB [--threads 1,2] [--reps 3]";
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
     v.split(',')
@@ -67,6 +68,7 @@ fn parse() -> Result<Args, String> {
         reps: 3,
         ubatch: 512,
         kv_dtype: KvDtype::Float32,
+        repack: true,
     };
     while let Some(arg) = it.next() {
         let mut val = |flag: &str| it.next().ok_or_else(|| format!("{flag}: expected a value"));
@@ -81,6 +83,7 @@ fn parse() -> Result<Args, String> {
             "--kv-dtype" => {
                 a.kv_dtype = KvDtype::parse(&val("--kv-dtype")?).map_err(|e| e.to_string())?
             }
+            "--no-repack" => a.repack = false,
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown flag {s:?}")),
             s if a.path.is_empty() => a.path = s.to_owned(),
@@ -147,13 +150,24 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn peak_rss_kib() -> Option<u64> {
+    rss_kib("VmHWM:")
+}
+
+/// A `/proc/self/status` memory line (`VmHWM:` peak, `VmRSS:` now), KiB.
+fn rss_kib(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
-    let mut model = Model::open(&a.path)?;
+    let t_open = Instant::now();
+    let opts = offgraph_kv_engine::model::OpenOptions {
+        repack: a.repack && offgraph_kv_engine::model::OpenOptions::from_env().repack,
+    };
+    let mut model = Model::open_with(&a.path, opts)?;
+    let open_s = t_open.elapsed().as_secs_f64();
+    let open_rss = rss_kib("VmRSS:").unwrap_or(0);
     let vocab = model.config().vocab;
     let max_depth = a.depths.iter().copied().max().unwrap_or(0);
     let n_cells = max_depth + a.pp.max(a.tg) + 1;
@@ -201,9 +215,11 @@ fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
     }
     let file = std::fs::metadata(&a.path).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{{\"peak_rss_kib\": {}, \"file_bytes\": {file}, \"pool_bytes\": {pool_bytes}, \"pool_reserved_bytes\": {}}}",
+        "{{\"peak_rss_kib\": {}, \"file_bytes\": {file}, \"pool_bytes\": {pool_bytes}, \"pool_reserved_bytes\": {}, \"open_s\": {open_s:.3}, \"rss_after_open_kib\": {open_rss}, \"rss_kib\": {}, \"packed_bytes\": {}}}",
         peak_rss_kib().unwrap_or(0),
-        kc.reserved_bytes()
+        kc.reserved_bytes(),
+        rss_kib("VmRSS:").unwrap_or(0),
+        model.packed_bytes()
     );
     Ok(())
 }

@@ -1,18 +1,19 @@
 //! okv-run: prompt in, text out, over a GGUF model on the native engine.
 //!
 //! `okv-run MODEL.gguf -p PROMPT [-n N] [--threads N] [--kv-dtype D] [--chat]
-//! [--temp T] [--seed S]`. Greedy unless `--temp` is above 0. The text streams
+//! [--temp T] [--seed S] [--no-repack]`. Greedy unless `--temp` is above 0. The text streams
 //! to stdout as whole UTF-8 characters; the prefill and decode rates go to
 //! stderr. Bad arguments print the usage and exit 2; a model or cache error
 //! exits 1.
 
 use offgraph_kv::KvDtype;
+use offgraph_kv_engine::model::OpenOptions;
 use offgraph_kv_engine::{Model, Result};
 use std::io::Write;
 use std::time::Instant;
 
 const USAGE: &str = "usage: okv-run MODEL.gguf -p PROMPT [-n N] [--threads N] \
-[--kv-dtype float32|float16|bfloat16|q8_0] [--chat] [--temp T] [--seed S]
+[--kv-dtype float32|float16|bfloat16|q8_0] [--chat] [--temp T] [--seed S] [--no-repack]
 
   -p, --prompt TEXT   the prompt (required)
   -n N                tokens to generate (default 64)
@@ -20,7 +21,8 @@ const USAGE: &str = "usage: okv-run MODEL.gguf -p PROMPT [-n N] [--threads N] \
   --kv-dtype D        K/V pool type (default float32)
   --chat              wrap the prompt in the model's chat format
   --temp T            sample at temperature T (default 0: greedy)
-  --seed S            sampling seed (default 0)";
+  --seed S            sampling seed (default 0)
+  --no-repack         read the weights in the file's layout (no copy at open)";
 
 /// What `parse_args` returns for `--help` (usage on stdout, exit 0).
 const HELP: &str = "help";
@@ -38,6 +40,7 @@ struct Args {
     chat: bool,
     temp: f32,
     seed: u64,
+    repack: bool,
 }
 
 fn parse_args(argv: &[String]) -> std::result::Result<Args, String> {
@@ -52,6 +55,7 @@ fn parse_args(argv: &[String]) -> std::result::Result<Args, String> {
         chat: false,
         temp: 0.0,
         seed: 0,
+        repack: true,
     };
     let mut it = argv.iter();
     while let Some(arg) = it.next() {
@@ -83,6 +87,7 @@ fn parse_args(argv: &[String]) -> std::result::Result<Args, String> {
                 a.temp = t;
             }
             "--seed" => a.seed = number(arg, &value(arg)?)?,
+            "--no-repack" => a.repack = false,
             "-h" | "--help" => return Err(HELP.into()),
             s if s.starts_with('-') => return Err(format!("unknown option {s:?}")),
             s => {
@@ -193,7 +198,10 @@ fn flush_utf8(pending: &mut Vec<u8>, out: &mut impl Write) -> std::io::Result<()
 }
 
 fn run(a: &Args) -> Result<()> {
-    let mut model = Model::open(&a.model)?;
+    let opts = OpenOptions {
+        repack: a.repack && OpenOptions::from_env().repack,
+    };
+    let mut model = Model::open_with(&a.model, opts)?;
     if let Some(t) = a.threads {
         model.set_threads(t);
     }

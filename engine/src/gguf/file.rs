@@ -154,6 +154,32 @@ impl GgufFile {
     pub fn bytes(&self) -> &[u8] {
         self.backing.bytes()
     }
+
+    /// Drops the resident pages of tensor `name` (the whole pages inside its
+    /// bytes) once a copy serves its reads: they stay valid, and a later read
+    /// faults them in again from the file. A no-op for owned bytes, an
+    /// unknown tensor, or where the OS refuses.
+    pub fn release_tensor(&self, name: &str) {
+        let (Backing::Map(map), Some(t)) = (&self.backing, self.get_tensor(name)) else {
+            return;
+        };
+        let page = 4096;
+        let base = map.as_ptr() as usize;
+        let start = t.data.as_ptr() as usize - base;
+        let lo = start.next_multiple_of(page);
+        let hi = (start + t.data.len()) / page * page;
+        if hi > lo {
+            // SAFETY: the mapping is read-only and backed by the file, which
+            // the engine's contract keeps unmodified while open, so dropping
+            // its pages changes no byte a borrow can see: the next read
+            // faults the same bytes in again. The range is inside the mapping.
+            #[cfg(unix)]
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+            };
+        }
+    }
 }
 
 /// A tensor's info and its data, exactly `info.nbytes` bytes of the file.

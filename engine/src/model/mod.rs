@@ -31,6 +31,33 @@ use std::path::Path;
 use std::sync::Mutex;
 use weights::Weights;
 
+/// How [`Model::open_with`] loads a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Copy the matrices' whole groups of 16 rows at open into the layout
+    /// the AVX-512 VNNI kernels load contiguously (Q4_0, Q4_1, Q5_0, Q8_0,
+    /// Q4_K, Q6_K; elsewhere nothing is packed), releasing the file's pages
+    /// of each packed tensor. Costs the packing time at open; resident memory
+    /// stays about the file's size.
+    pub repack: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { repack: true }
+    }
+}
+
+impl OpenOptions {
+    /// The defaults, with `OKV_REPACK=0` in the environment turning
+    /// repacking off (what [`Model::open`] reads).
+    pub fn from_env() -> Self {
+        OpenOptions {
+            repack: std::env::var("OKV_REPACK").map_or(true, |v| v.trim() != "0"),
+        }
+    }
+}
+
 /// A GGUF model ready to run: the mapping, its config, weights and tokenizer.
 #[derive(Debug)]
 pub struct Model {
@@ -40,6 +67,8 @@ pub struct Model {
     tokenizer: Tokenizer,
     threads: usize,
     exact: bool,
+    /// Bytes of the weights packed at open.
+    packed_bytes: usize,
     /// One forward at a time uses the buffers; they only grow.
     scratch: Mutex<Scratch>,
 }
@@ -49,15 +78,27 @@ impl Model {
     /// reads, a metadata key that changes the math which the family does not
     /// implement, or a tensor its plan does not consume; `Model` for a missing
     /// or mistyped key or tensor or a tensor of the wrong shape.
+    ///
+    /// Repacks the weights ([`OpenOptions`]) unless `OKV_REPACK=0`.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
+        Self::open_with(path, OpenOptions::from_env())
+    }
+
+    /// [`Model::open`] with explicit options (the environment is not read).
+    pub fn open_with(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Model> {
         let mut file = GgufFile::open(path)?;
         let arch = Arch::parse(file.architecture()?)?;
         let vocab = Weights::vocab_of(&file)?;
         // The model reads its metadata once, here; the rest of its life it needs only tensors.
         let meta = file.take_metadata();
         let cfg = ModelConfig::from_metadata(arch, &meta, vocab)?;
-        let weights = Weights::load(&file, &cfg)?;
+        let mut weights = Weights::load(&file, &cfg)?;
         let tokenizer = Tokenizer::from_metadata(&meta)?;
+        let packed_bytes = if opts.repack {
+            weights.repack(&file)?
+        } else {
+            0
+        };
         drop(meta);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Model {
@@ -67,8 +108,15 @@ impl Model {
             tokenizer,
             threads,
             exact: false,
+            packed_bytes,
             scratch: Mutex::new(Scratch::default()),
         })
+    }
+
+    /// Bytes of the weights packed at open (0 without repacking, or on a
+    /// CPU whose kernels read the file's layout).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed_bytes
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -6,15 +6,21 @@
 //! refused, since the forward would silently ignore it.
 //!
 //! Matrices stay in the file: a [`MatRef`] names its tensor, and the forward
-//! takes a view of the mapping per call ([`Weights::matrix`]), so no weight
-//! byte is ever copied. Norm vectors are decoded to f32 once (a few KB).
+//! takes a view of the mapping per call ([`Weights::matrix`]). Where the
+//! kernels read packed groups ([`quant::packed_len`]), [`Weights::repack`]
+//! copies every matrix's whole groups of 16 rows once into one anonymous
+//! mapping in that layout and drops the file's pages of the tensors it
+//! packed, so resident memory stays about the file's size. Norm vectors are
+//! decoded to f32 once (a few KB).
 
 use super::config::{ModelConfig, QkNorm};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
-use crate::quant::QMatrix;
+use crate::quant::{self, QMatrix};
 use crate::GgmlType;
+use memmap2::{Mmap, MmapOptions};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// A matrix of `rows` outputs by `cols` inputs stored in the file: rows
 /// `row0..row0 + rows` of its tensor (a part of a fused matrix, or all of one).
@@ -25,7 +31,29 @@ pub struct MatRef {
     pub rows: usize,
     pub cols: usize,
     pub row0: usize,
+    /// Its whole groups of rows packed at load ([`Weights::repack`]).
+    pub packed: Option<Packed>,
 }
+
+/// A matrix's packed groups: `len` bytes at `off` of the model's packed mapping.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    map: Arc<Mmap>,
+    off: usize,
+    len: usize,
+}
+
+impl Packed {
+    fn bytes(&self) -> Option<&[u8]> {
+        self.map.get(self.off..self.off.checked_add(self.len)?)
+    }
+}
+
+/// Where each packed matrix starts in the mapping: 2 MiB, so the mapping
+/// can take huge pages, and every group's loads start 64-byte aligned.
+const PACK_ALIGN: usize = 2 << 20;
+/// Each matrix's packed groups start at a multiple of this.
+const MATRIX_ALIGN: usize = 4096;
 
 /// One decoder layer's weights.
 #[derive(Debug, Clone)]
@@ -187,8 +215,87 @@ impl Weights {
         })
     }
 
-    /// A view of `m`'s bytes in the mapping.
-    pub fn matrix<'f>(file: &'f GgufFile, m: &MatRef) -> Result<QMatrix<'f>> {
+    /// Packs every matrix the kernels read packed (all but the embedding's
+    /// lookups) into one anonymous mapping, dropping each packed tensor's
+    /// file pages after it; returns the packed bytes (0 when the path packs
+    /// nothing).
+    pub fn repack(&mut self, file: &GgufFile) -> Result<usize> {
+        let mut mats: Vec<&mut MatRef> = Vec::new();
+        for l in &mut self.layers {
+            mats.extend([
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ]);
+        }
+        mats.push(&mut self.output);
+        let mut at = Vec::with_capacity(mats.len());
+        let mut total = 0usize;
+        for m in &mats {
+            let len = quant::packed_len(m.ty, m.rows, m.cols).unwrap_or(0);
+            at.push((total, len));
+            total = total
+                .checked_add(len.next_multiple_of(MATRIX_ALIGN))
+                .ok_or_else(|| EngineError::Model("packed weights: size overflows".into()))?;
+        }
+        if total == 0 {
+            return Ok(0);
+        }
+        let io = |what: &str, e: std::io::Error| {
+            EngineError::Io(format!("packed weights ({total} bytes): {what}: {e}"))
+        };
+        let mut map = MmapOptions::new()
+            .len(total + PACK_ALIGN)
+            .map_anon()
+            .map_err(|e| io("map", e))?;
+        #[cfg(target_os = "linux")]
+        {
+            // Huge pages where the OS gives them (fewer TLB misses on a
+            // streamed read); refused is fine.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        let base = (map.as_ptr() as usize).next_multiple_of(PACK_ALIGN) - map.as_ptr() as usize;
+        for (i, (m, &(off, len))) in mats.iter().zip(&at).enumerate() {
+            if len > 0 {
+                let out = map
+                    .get_mut(base + off..base + off + len)
+                    .ok_or_else(|| EngineError::Model("packed weights: out of range".into()))?;
+                quant::pack(&Self::matrix(file, m)?, out)
+                    .map_err(|e| EngineError::Model(format!("tensor {:?}: {e}", m.name)))?;
+            }
+            // A fused tensor's parts come one after the other: its pages go
+            // once the last part is packed.
+            let last = mats.get(i + 1).is_none_or(|n| n.name != m.name);
+            let packed_any = at[..=i]
+                .iter()
+                .zip(&mats)
+                .rev()
+                .take_while(|(_, p)| p.name == m.name)
+                .any(|(&(_, l), _)| l > 0);
+            if last && packed_any {
+                file.release_tensor(&m.name);
+            }
+        }
+        let map = Arc::new(map.make_read_only().map_err(|e| io("protect", e))?);
+        for (m, &(off, len)) in mats.into_iter().zip(&at) {
+            if len > 0 {
+                m.packed = Some(Packed {
+                    map: map.clone(),
+                    off: base + off,
+                    len,
+                });
+            }
+        }
+        Ok(at.iter().map(|&(_, l)| l).sum())
+    }
+
+    /// A view of `m`'s bytes in the mapping, with its packed groups when
+    /// it has them.
+    pub fn matrix<'f>(file: &'f GgufFile, m: &'f MatRef) -> Result<QMatrix<'f>> {
         let t = file.tensor(&m.name)?;
         let rb = usize::try_from(m.ty.row_bytes(m.cols as u64)?)
             .map_err(|_| EngineError::Model(format!("tensor {:?}: rows too long", m.name)))?;
@@ -205,7 +312,13 @@ impl Weights {
                     m.row0 + m.rows
                 ))
             })?;
-        QMatrix::new(m.ty, m.rows, m.cols, part)
+        let q = QMatrix::new(m.ty, m.rows, m.cols, part)?;
+        match &m.packed {
+            Some(p) => q.with_packed(p.bytes().ok_or_else(|| {
+                EngineError::Model(format!("tensor {:?}: packed range out of bounds", m.name))
+            })?),
+            None => Ok(q),
+        }
     }
 }
 
@@ -300,6 +413,7 @@ fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<MatRe
         rows,
         cols,
         row0: 0,
+        packed: None,
     };
     QMatrix::new(m.ty, rows, cols, t.data)
         .map_err(|e| EngineError::Model(format!("tensor {name:?}: {e}")))?;
