@@ -6,9 +6,6 @@ use std::arch::x86_64::*;
 
 mod vnni;
 
-/// Whether `Avx512<true>` scores q8_0 keys by VNNI integer dots (see `quantize_q`).
-const VNNI_DOTS: bool = false;
-
 /// The AVX-512F micro-kernels; `VNNI`: q8_0 keys by integer dot products
 /// (`vnni`) instead of widening them to f32.
 #[derive(Clone, Copy)]
@@ -174,7 +171,9 @@ impl<const VNNI: bool> Isa for Avx512<VNNI> {
     }
 
     // The float scratch-tile kernels give the stored step's bits (the same
-    // loads, FMA chains and `hsum16`), so blocks of any row count agree.
+    // loads, FMA chains and `hsum16`), so only VNNI, whose q8_0 key scores
+    // are integer dots on the stored step alone, runs every block that way.
+    const STORED_GROUPS: bool = VNNI;
 
     #[inline(always)]
     fn q8_row_bytes(hd: usize) -> usize {
@@ -183,9 +182,7 @@ impl<const VNNI: bool> Isa for Avx512<VNNI> {
 
     #[inline(always)]
     unsafe fn quantize_q(qs: *const f32, nr: usize, hd: usize, out: *mut u8) -> *const u8 {
-        // Off: integer dots on every block (the price of invariance) missed
-        // the softcap tests' 2e-5 on gqa8 decode; VNNI then scores as AVX-512.
-        if !(VNNI && VNNI_DOTS && hd.is_multiple_of(64)) {
+        if !VNNI || !hd.is_multiple_of(64) {
             return std::ptr::null();
         }
         // SAFETY: the trait contract (4 * nr * hd bytes cover vnni's layout).
