@@ -270,8 +270,9 @@ impl Weights {
             // A fused tensor's parts come one after the other: its pages go
             // once the last part is packed.
             let last = mats.get(i + 1).is_none_or(|n| n.name != m.name);
-            let packed_any = at[..=i]
+            let packed_any = at
                 .iter()
+                .take(i + 1)
                 .zip(&mats)
                 .rev()
                 .take_while(|(_, p)| p.name == m.name)

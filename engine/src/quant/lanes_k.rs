@@ -71,9 +71,6 @@ fn record_bytes(ty: GgmlType) -> Option<usize> {
 
 /// Bytes of one packed group of [`LANES`] rows of `ty` with `cols` values;
 /// `None` when `ty` is not Q4_K/Q6_K or `cols` not a positive multiple of 256.
-// Called by `repack` (load-time packing, the driver's dispatch) once it
-// takes Q4_K/Q6_K; unused until then.
-#[allow(dead_code)]
 pub(super) fn group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     if cols == 0 || !cols.is_multiple_of(256) {
         return None;
@@ -84,8 +81,6 @@ pub(super) fn group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
 /// Packs [`LANES`] consecutive stored rows (`rows`: `LANES * rb` bytes, `rb`
 /// one row's) into `out` (exactly [`group_bytes`] long); `None`, with
 /// nothing written, on a length mismatch.
-// Called by `repack` once it takes Q4_K/Q6_K.
-#[allow(dead_code)]
 pub(super) fn pack(
     ty: GgmlType,
     rows: &[u8],
@@ -170,8 +165,6 @@ fn pack_q6k(blk: &[u8], r: usize, rec: &mut [u8]) -> Option<()> {
 /// # Safety
 /// The CPU has avx2, fma, f16c, avx512f/bw/vl and avx512vnni.
 #[inline(always)]
-// Called by `repack` once it takes Q4_K/Q6_K.
-#[allow(dead_code)]
 pub(super) unsafe fn dots<const T: usize>(
     ty: GgmlType,
     group: &[u8],

@@ -37,6 +37,8 @@ mod dequant;
 mod driver;
 mod isa;
 mod kernel;
+#[cfg(target_arch = "x86_64")]
+mod lanes_k;
 mod lowbit;
 mod portable;
 mod repack;

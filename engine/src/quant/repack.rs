@@ -21,6 +21,8 @@ pub(super) fn group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
             q32::group_bytes(ty, cols)
         }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q4_K | GgmlType::Q6_K => super::lanes_k::group_bytes(ty, cols),
         _ => None,
     }
 }
@@ -38,6 +40,8 @@ pub(super) fn pack(
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
             q32::pack(ty, rows, rb, cols, out)
         }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q4_K | GgmlType::Q6_K => super::lanes_k::pack(ty, rows, rb, cols, out),
         _ => None,
     }
 }
@@ -60,6 +64,8 @@ pub(super) unsafe fn dots<const T: usize>(
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => unsafe {
             super::vnni_lanes::packed_dots::<T>(ty, group, a, cols)
         },
+        // SAFETY: the caller's CPU features.
+        GgmlType::Q4_K | GgmlType::Q6_K => unsafe { super::lanes_k::dots::<T>(ty, group, a, cols) },
         _ => None,
     }
 }
