@@ -173,23 +173,16 @@ fn auto_resolved(isa: NativeIsa) -> NativeIsa {
     NativeIsa::Scalar
 }
 
-/// Whether `isa` scores the q8_0 keys of query row `(head h, token i)` by
-/// integer dots against a q8_0-rounded q: rows of blocks of at most 4 rows
-/// (a decode group, or the last block of a prefill's rows: blocks hold 32
-/// rows of one KV head, token-major).
-fn int8_row(isa: NativeIsa, nq: usize, spec: &AttendSpec<'_>, h: usize, i: usize) -> bool {
-    let g = nq / spec.n_kv_heads;
-    let (r, rows) = match spec.keys {
-        KeyLayout::Cells { .. } => (h % g, g),
-        KeyLayout::Runs { .. } => (i * g + h % g, g * spec.n_tokens()),
-    };
-    let block_rows = 32.min(rows - r / 32 * 32);
+/// Whether `isa` scores q8_0 keys by integer dots against a q8_0-rounded
+/// q: every row or none, by the ISA and head_dim alone (batch invariance:
+/// a row's path does not depend on how many rows share its block).
+fn int8_row(isa: NativeIsa, spec: &AttendSpec<'_>) -> bool {
     let int8 = match auto_resolved(isa) {
         NativeIsa::Avx512Vnni => spec.head_dim.is_multiple_of(64),
         NativeIsa::Avx2Int8 => true,
         _ => false,
     };
-    int8 && spec.k.dtype == KvDtype::Q8_0 && block_rows <= 4
+    int8 && spec.k.dtype == KvDtype::Q8_0
 }
 
 /// The reference each output value of a `(backend, isa)` run is held to:
@@ -205,7 +198,7 @@ fn expected(
     let mut out = exact.to_vec();
     for h in 0..nq {
         for i in 0..t {
-            if backend != Backend::Xnnpack && int8_row(isa, nq, spec, h, i) {
+            if backend != Backend::Xnnpack && int8_row(isa, spec) {
                 let o = (h * t + i) * hd;
                 out[o..o + hd].copy_from_slice(&q8[o..o + hd]);
             }
