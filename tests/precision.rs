@@ -17,7 +17,7 @@ use common::{visible_rows, Rng};
 use offgraph_kv::attention::{attend, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::kv::Side;
 use offgraph_kv::{
-    AttendSpec, CacheConfig, CacheError, KeyLayout, KvCellCache, KvDtype, KvRows, KvSequenceCache,
+    AttendSpec, CacheConfig, CacheError, KvCellCache, KvDtype, KvRows, KvSequenceCache,
     LayerConfig, LayerPolicy, RowsIn,
 };
 
@@ -165,21 +165,17 @@ fn q8_fake_quantized(q: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// Whether `isa` scores this call's q8_0 keys by integer dots: q8_0 K,
-/// blocks of at most 4 query rows (decode), and VNNI with head_dim a multiple
-/// of 64 or the AVX2 integer path (head_dim a multiple of 32, as q8_0 is).
-fn int8_scores(isa: NativeIsa, nq: usize, spec: &AttendSpec<'_>) -> bool {
-    let g = nq / spec.n_kv_heads;
-    let rows = match spec.keys {
-        KeyLayout::Cells { .. } => g,
-        KeyLayout::Runs { .. } => g * spec.n_tokens(),
-    };
+/// Whether `isa` scores this call's q8_0 keys by integer dots: q8_0 K, and
+/// VNNI with head_dim a multiple of 64 or the AVX2 integer path (head_dim a
+/// multiple of 32, as q8_0 is), for every block of query rows alike (batch
+/// invariance: a row's path does not depend on how many rows share it).
+fn int8_scores(isa: NativeIsa, spec: &AttendSpec<'_>) -> bool {
     let isa_int8 = match isa {
         NativeIsa::Avx512Vnni => spec.head_dim.is_multiple_of(64),
         NativeIsa::Avx2Int8 => true,
         _ => false,
     };
-    isa_int8 && spec.k.dtype == KvDtype::Q8_0 && rows <= 4
+    isa_int8 && spec.k.dtype == KvDtype::Q8_0
 }
 
 fn check(name: &str, q: &[f32], nq: usize, spec: &AttendSpec<'_>) {
@@ -193,7 +189,7 @@ fn check(name: &str, q: &[f32], nq: usize, spec: &AttendSpec<'_>) {
     let scale = want.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-30);
     let shape = [nq, spec.n_tokens(), hd];
     for isa in isas() {
-        let want = if int8_scores(isa, nq, spec) {
+        let want = if int8_scores(isa, spec) {
             &want_q8
         } else {
             &exact

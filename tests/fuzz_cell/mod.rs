@@ -422,11 +422,23 @@ impl Harness {
                 };
                 assert_eq!(spec_read_len, read_len);
                 assert!(read_len <= spec.slots);
+                // The spec hands attention the same cells as `plan.visible`
+                // (sorted runs), in position order (batch invariance).
                 let token_runs = &runs[offsets[i]..offsets[i + 1]];
-                assert_eq!(
-                    token_runs,
-                    plan_vis[i].as_slice(),
-                    "spec runs != plan.visible"
+                let spec_cells: Vec<usize> =
+                    token_runs.iter().flat_map(|r| r.start..r.end()).collect();
+                let mut sorted = spec_cells.clone();
+                sorted.sort_unstable();
+                let plan_cells: Vec<usize> =
+                    plan_vis[i].iter().flat_map(|r| r.start..r.end()).collect();
+                assert_eq!(sorted, plan_cells, "spec runs' cells != plan.visible's");
+                let spec_pos: Vec<_> = spec_cells
+                    .iter()
+                    .map(|&c| cells.cell_pos(table, c).unwrap())
+                    .collect();
+                assert!(
+                    spec_pos.windows(2).all(|w| w[0] < w[1]),
+                    "spec runs not in position order: {spec_pos:?}"
                 );
             }
             let want: Vec<usize> = self.model[&s]
