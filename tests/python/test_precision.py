@@ -220,16 +220,17 @@ def cpu_flags():
         return set()
 
 
-def int8_scores(k_dtype, rows_per_block, head_dim):
+def int8_scores(k_dtype, head_dim):
     """Whether the native kernel's default path scores these q8_0 keys by
-    integer dots against q quantized per step (decode blocks of <= 4 query
-    rows; an AVX-512 VNNI CPU with head_dim a multiple of 64, or an AVX2 CPU
-    without AVX-512): its result is then exactly attention of the
-    Q8_0-rounded q, the error GGML accepts."""
+    integer dots against q quantized per step (every block of query rows
+    alike, so a row's result does not depend on what shares its step; an
+    AVX-512 VNNI CPU with head_dim a multiple of 64, or an AVX2 CPU without
+    AVX-512): its result is then exactly attention of the Q8_0-rounded q,
+    the error GGML accepts."""
     f = cpu_flags()
     vnni = "avx512_vnni" in f and "avx512bw" in f and head_dim % 64 == 0
     avx2 = "avx512f" not in f and {"avx2", "fma", "f16c"} <= f
-    return k_dtype == "q8_0" and rows_per_block <= 4 and (vnni or avx2)
+    return k_dtype == "q8_0" and (vnni or avx2)
 
 
 def seq_rows(spec):
@@ -260,11 +261,8 @@ def test_attend_every_pair_against_float64(k_dtype, v_dtype, window):
         spec = kv.update(0, k, v)
         q = rng.standard_normal((8, t, 64)).astype(np.float32)
         want = reference(q, spec, seq_rows(spec))
-        # 4 query heads per KV head: t rows of 4 per block.
         want_native = (
-            reference(q8_rounded(q), spec, seq_rows(spec))
-            if int8_scores(k_dtype, 4 * t, 64)
-            else want
+            reference(q8_rounded(q), spec, seq_rows(spec)) if int8_scores(k_dtype, 64) else want
         )
         for threads in [1, 2]:
             got = okv.attend(q, spec, threads=threads, backend="native")
@@ -297,6 +295,6 @@ def test_cell_attend_against_float64(dtype):
     q = rng.standard_normal((4, 2, 32)).astype(np.float32)
     mask = np.asarray(spec.mask)
     # A cell block is one token's 4 query heads: q8_0 keys may take the integer dots.
-    qr = q8_rounded(q) if int8_scores(dtype, 4, 32) else q
+    qr = q8_rounded(q) if int8_scores(dtype, 32) else q
     want = reference(qr, spec, lambda i: list(np.nonzero(mask[i])[0]))
     np.testing.assert_allclose(okv.attend(q, spec), want, atol=2e-5, rtol=1e-4)
