@@ -9,6 +9,8 @@
 //! |y − y_ref| ≤ Σ_c |W[r,c]| · d(c) / 2 (+ float summation slack, taken as
 //! 1e-5 · Σ|W||x|). Float weights only have the slack.
 
+mod common;
+
 use offgraph_kv_engine::quant::{
     dequantize_row, matmul, matmul_many, matmul_many_with_isa, matmul_with_isa, QMatrix, QuantIsa,
 };
@@ -33,20 +35,7 @@ const ALL: [GgmlType; 16] = [
     GgmlType::IQ4_XS,
 ];
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
+use common::Rng;
 
 fn f16_bits(v: f32) -> [u8; 2] {
     // Round-to-nearest is not needed: any finite f16 near v will do.

@@ -4,6 +4,8 @@
 //! token's outputs do not depend on the batch it runs in (every packed type);
 //! other paths ignore the packed copy; bad packed buffers are refused.
 
+mod common;
+
 use offgraph_kv_engine::quant::{
     active_isa, matmul, matmul_with_isa, pack, packed_len, QMatrix, QuantIsa, LANES,
 };
@@ -16,20 +18,7 @@ const Q32: [GgmlType; 4] = [
     GgmlType::Q8_0,
 ];
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
+use common::Rng;
 
 /// An f16 in [2^-7, 2^-6): finite, modest, random mantissa.
 fn small_f16(r: &mut Rng) -> [u8; 2] {
