@@ -1,9 +1,10 @@
 """Constrained decoding in BatchGenerator on SmolLM2 (native engine): a JSON schema, any JSON
 object, a regex and a Lark grammar each give output that matches, ending with ``"stop"`` as soon
 as the grammar is complete (no end token spent); masks computed during the forward or after it
-give the same tokens; max_new_tokens cuts a constrained reply; a constraint that cannot compile,
-or a non-constraint, is refused and queues nothing. (Constrained and free requests sharing a
-batch: tests/python/test_batch_constraint.py, bit-exact on a model that batching cannot move.)"""
+give the same tokens; max_new_tokens cuts a constrained reply; a constrained and a free request
+in one batch each give the tokens they give alone (greedy and seeded: the engine is
+batch-invariant, docs/guarantees.md); a constraint that cannot compile, or a non-constraint, is
+refused and queues nothing."""
 
 from __future__ import annotations
 
@@ -99,6 +100,31 @@ def test_length_cuts_a_constrained_reply(smollm2_engine, person):
         gen.step()
     assert gen.request_info(rid)["finish_reason"] == "length"
     assert gen.pop_finished()[rid] == constrained[:4]
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 7)])
+def test_constrained_and_free_in_one_batch_each_equal_alone(
+    smollm2_engine, person, temperature, seed
+):
+    prompt, constrained, _ = person
+    eos = smollm2_engine.eos_token_ids
+    free_prompt = chat(smollm2_engine.tokenizer, "Tell me about the sea.")
+    kw = dict(temperature=temperature, seed=seed)
+
+    def alone(p, n, constraint=None):
+        gen = fresh(smollm2_engine)
+        rid = gen.add(p, n, eos, constraint=constraint, **kw)
+        return gen.run()[rid]
+
+    c_alone = constrained if seed is None else alone(prompt, 48, Constraint.json_schema(PERSON))
+    f_alone = alone(free_prompt, 24)
+    gen = fresh(smollm2_engine)
+    rc = gen.add(prompt, 48, eos, constraint=Constraint.json_schema(PERSON), **kw)
+    rf = gen.add(free_prompt, 24, eos, **kw)
+    out = gen.run()
+    assert out[rc] == c_alone and out[rf] == f_alone
+    assert len(f_alone) == 24  # the free request ran beside the whole constrained reply
+    json.loads(smollm2_engine.tokenizer.decode(out[rc]))
 
 
 @pytest.mark.parametrize(

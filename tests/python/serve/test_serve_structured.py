@@ -1,14 +1,17 @@
 """Structured output on one SmolLM2 server for the module, through the official ``openai``
 client: ``.parse()`` with a pydantic model returns the parsed object; a ``json_schema`` reply
 parses and validates; a ``json_object`` reply is a JSON object; a streamed constrained reply
-joins into valid JSON; the extensions (``response_format`` on completions, ``guided_regex``,
-``guided_choice``, llama.cpp's ``grammar``) hold; an invalid ``response_format`` or grammar is
-a 400 naming it that changes nothing."""
+joins into valid JSON; a ``json_schema`` request and a free one sent together each get the reply
+they get alone (temperature 0); the extensions (``response_format`` on completions,
+``guided_regex``, ``guided_choice``, llama.cpp's ``grammar``) hold; an invalid
+``response_format`` or grammar is a 400 naming it that changes nothing."""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 
 import openai
 import pytest
@@ -93,6 +96,39 @@ def test_a_streamed_constrained_reply_joins_into_json(server):
             reasons.append(c.finish_reason)
     assert json.loads("".join(parts))["colour"] in ("red", "green", "blue")
     assert reasons[-1] == "stop"
+
+
+def test_a_constrained_and_a_free_request_together_each_equal_alone(server):
+    client = server.client()
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA, "strict": True}}
+    constrained = dict(
+        model=MODEL, messages=ask("Pick a colour."), response_format=fmt, max_tokens=16
+    )
+    free = dict(model=MODEL, messages=ask("Tell me about the sea."), max_tokens=48)
+    c_alone = client.chat.completions.create(**constrained, temperature=0).choices[0]
+    f_alone = client.chat.completions.create(**free, temperature=0).choices[0]
+    assert f_alone.finish_reason == "length"
+
+    # The constrained request goes in once the free one streams, and ends before it does:
+    # the two shared steps of one batch.
+    done: dict[str, object] = {}
+
+    def send_constrained():
+        r = client.chat.completions.create(**constrained, temperature=0)
+        done["reply"], done["at"] = r.choices[0], time.monotonic()
+
+    parts, worker = [], threading.Thread(target=send_constrained)
+    for chunk in client.chat.completions.create(**free, temperature=0, stream=True):
+        for c in chunk.choices:
+            parts.append(c.delta.content or "")
+        if not worker.is_alive() and "at" not in done and "".join(parts):
+            worker.start()
+    last = time.monotonic()
+    worker.join()
+    assert done["at"] < last
+    assert "".join(parts) == f_alone.message.content
+    assert done["reply"].message.content == c_alone.message.content
+    assert json.loads(c_alone.message.content)["colour"] in ("red", "green", "blue")
 
 
 def test_the_extensions(server):
