@@ -30,6 +30,12 @@ request by id.
   (``"stop"``) once the grammar is complete. Grammars compile against the generator's
   ``tokenizer`` (the native engine's own by default), built on the first constrained request.
   Free requests in the same batch are untouched (see :mod:`.guide`).
+* **Speculation.** With ``speculative`` (``"ngram"``: prompt lookup; a draft model or a
+  ``.gguf`` path; a :class:`~offgraph_kv.batch.speculative.Speculation`), a decoding request
+  feeds drafted tokens after its last one and keeps, in the same step, the longest prefix its
+  own sampling produces plus one token (see :mod:`.speculative`): greedy output is unchanged.
+  Constrained requests and requests added with ``speculative=False`` do not speculate; a full
+  batch does not either (``Speculation.step_tokens``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from .model_step import CellsModel, ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
 from .sampling import LogprobEntry, adjusted, logprob_entry, sample
 from .scheduler import Plan, Scheduler
+from .speculative import PromptLookup, Speculation, accept, next_length, speculation
 
 if TYPE_CHECKING:  # annotations only: the native engine's path never imports torch
     import torch
@@ -101,6 +108,13 @@ class BatchGenerator:
         tokenizer: what constrained requests' grammars compile against (a GGUF tokenizer or a
             fast Hugging Face one); ``None``: the model's ``tokenizer`` attribute, if it has
             one (a :class:`~offgraph_kv.GgufModel` has).
+        speculative: speculative decoding (see :mod:`.speculative`): ``None`` (off),
+            ``"ngram"`` (prompt lookup over each request's own tokens), a draft model of the
+            same vocabulary (an object with ``forward_cells``, or a ``.gguf`` path opened on the
+            native engine; it runs on its own cache), or a
+            :class:`~offgraph_kv.batch.speculative.Speculation` (source, ``max_draft``,
+            ``step_tokens``). A draft model of another vocabulary is refused
+            (``InvalidArgumentError``).
 
     With a transformers model, ``step`` switches ``model.config._attn_implementation`` to
     ``CELL_ATTN_NAME`` for the duration of its forward and restores it after: do not run the
@@ -119,7 +133,9 @@ class BatchGenerator:
         host_cache_bytes: Any = None,
         max_prefill_tokens: int | None = None,
         tokenizer: Any = None,
+        speculative: Any = None,
     ):
+        spec = speculation(speculative)  # checked before anything is built
         if isinstance(max_batch_tokens, bool) or int(max_batch_tokens) < 1:
             raise InvalidArgumentError(f"max_batch_tokens: expected >= 1, got {max_batch_tokens}")
         if max_prefill_tokens is not None and (
@@ -202,7 +218,27 @@ class BatchGenerator:
             "prefill_tokens": 0,
             "decode_tokens": 0,
             "generated_tokens": 0,
+            "spec_steps": 0,
+            "spec_drafted_tokens": 0,
+            "spec_accepted_tokens": 0,
         }
+        self.speculation: Speculation | None = spec
+        self._drafter: Any = None if spec is None else self._make_drafter(spec, kv_dtype)
+
+    def _make_drafter(self, spec: Speculation, kv_dtype: str | None) -> Any:
+        if spec.source == "ngram":
+            return PromptLookup()
+        from .draft_model import DraftModel, open_draft
+
+        return DraftModel(
+            open_draft(spec.source, getattr(self.model, "threads", None)),
+            self.model,
+            self.vocab_size,
+            n_cells=spec.draft_cells or self.n_cells,
+            n_seq_max=self.n_seq_max,
+            max_step=self.max_batch_tokens,
+            kv_dtype=kv_dtype,
+        )
 
     # The scheduler's and the table's collections, under the names the generator always had
     # (tests inspect them).
@@ -249,6 +285,7 @@ class BatchGenerator:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         constraint: Constraint | None = None,
+        speculative: bool = True,
     ) -> int:
         """Queue a request; returns its id. It joins the batch at the next step it fits.
 
@@ -259,7 +296,8 @@ class BatchGenerator:
         subtracted from a token's logit per time it was generated / once it was (OpenAI's
         semantics, the prompt not counted). ``constraint``: a
         :class:`~offgraph_kv.batch.Constraint` its output must match (it stops with ``"stop"``
-        once the grammar is complete); ``max_new_tokens`` still cuts it (``"length"``)."""
+        once the grammar is complete); ``max_new_tokens`` still cuts it (``"length"``).
+        ``speculative=False``: this request does not speculate (when the generator does)."""
         req = self._request(
             prompt_ids,
             max_new_tokens,
@@ -272,6 +310,7 @@ class BatchGenerator:
             frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty,
             constraint=constraint,
+            speculative=speculative,
         )
         with self._lock:
             self._queue([req])
@@ -340,6 +379,8 @@ class BatchGenerator:
         """Cancel ``req`` now (waiting, or running with no forward in flight)."""
         if req.done:  # finished in the step that was in flight when it was cancelled
             return
+        if self._drafter is not None:
+            self._drafter.release(req)
         self._sched.drop(req)
         self._table.retire(req, "cancelled")
 
@@ -379,8 +420,10 @@ class BatchGenerator:
         return bool(self._table.live)
 
     @property
-    def stats(self) -> dict[str, int]:
-        """Counters since construction plus the cache's current occupancy."""
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction plus the cache's current occupancy. Speculation:
+        ``spec_steps`` (request-steps that verified drafts), ``spec_drafted_tokens``,
+        ``spec_accepted_tokens`` and ``spec_acceptance_rate`` (accepted / drafted)."""
         with self._lock:
             occ = self._sched.occupancy()
             return {
@@ -396,6 +439,11 @@ class BatchGenerator:
                 "cached_sequences": occ["cached_sequences"],
                 **({} if self._store is None else self._store.stats()),
                 **({} if self.host_cache is None else self.host_cache.stats()),
+                "spec_acceptance_rate": (
+                    self._counts["spec_accepted_tokens"] / self._counts["spec_drafted_tokens"]
+                    if self._counts["spec_drafted_tokens"]
+                    else 0.0
+                ),
             }
 
     # -- the step ---------------------------------------------------------------------------------
@@ -413,6 +461,7 @@ class BatchGenerator:
                 raise CapacityError(
                     "no request can make progress: the waiting requests do not fit the free cells"
                 )
+            drafts = self._drafts(plan)
             seq_ids: list[int] = []
             positions: list[int] = []
             tokens: list[int] = []
@@ -420,12 +469,15 @@ class BatchGenerator:
             samplers: list[Request] = []
             for req, n in plan:
                 assert req.seq is not None
-                seq_ids += [req.seq] * n
-                positions += range(req.fed, req.fed + n)
+                extra = drafts.get(req, ())  # verified in this step, after its last token
+                seq_ids += [req.seq] * (n + len(extra))
+                positions += range(req.fed, req.fed + n + len(extra))
                 tokens += req.tokens[req.fed : req.fed + n]
                 if req.fed + n == len(req.tokens):
                     rows.append(len(tokens) - 1)
                     samplers.append(req)
+                    tokens += extra
+                    rows += range(len(tokens) - len(extra), len(tokens))
             self.kc.begin_step(seq_ids, positions)
             self._stepping = True
             # The constrained samplers' masks, computed while the forward runs.
@@ -442,9 +494,39 @@ class BatchGenerator:
         masks = self.masks.rows()
         with self._lock:
             self._stepping = False
-            out = self._take(plan, samplers, logits, len(tokens), masks)
+            out = self._take(plan, samplers, logits, len(tokens), masks, drafts)
             self._apply_cancels()
         return out
+
+    def _drafts(self, plan: Plan) -> dict[Request, list[int]]:
+        """The drafted tokens of the step's decoding requests that speculate: while the step
+        holds at most ``step_tokens`` tokens, at most each request's adaptive draft length
+        (and never past its ``max_new_tokens``)."""
+        spec = self.speculation
+        if spec is None:
+            return {}
+        n_tokens = sum(n for _, n in plan)
+        budget = min(spec.step_tokens, self.max_batch_tokens, self.kc.free_cells) - n_tokens
+        wants: list[tuple[Request, int]] = []
+        for req, n in plan:
+            if budget <= 0:
+                break
+            if n != 1 or req.fed + 1 != len(req.tokens) or not req.speculative:
+                continue
+            if req.guide is not None:  # constrained requests do not speculate
+                continue
+            room = req.max_new_tokens - len(req.generated) - 1  # one token beyond the drafts
+            if room < 1:
+                continue
+            if req.draft_len == 0:
+                req.draft_len = min(4, spec.max_draft)
+            k = min(req.draft_len, room, budget)
+            wants.append((req, k))
+            budget -= k
+        if not wants:
+            return {}
+        got = self._drafter.draft(wants)
+        return {req: d for (req, _), d in zip(wants, got, strict=True) if d}
 
     def _forward(self, tokens: list[int], positions: list[int], rows: list[int]) -> Any:
         """The model step's logits ``[len(rows), vocab]`` for the open step."""
@@ -457,6 +539,7 @@ class BatchGenerator:
         logits: Any,
         n_tokens: int,
         masks: Any = None,
+        drafts: Mapping[Request, list[int]] | None = None,
     ) -> list[tuple[int, int]]:
         """Account a step's forward: tokens held, the tokens sampled, requests finished."""
         prefill, decode = self._sched.fed(plan)
@@ -466,7 +549,15 @@ class BatchGenerator:
         self._counts["forward_tokens"] += n_tokens
         out: list[tuple[int, int]] = []
         guided = 0  # the next constrained sampler's row of `masks`
-        for i, req in enumerate(samplers):
+        at = 0  # the next sampler's first row of `logits`
+        for req in samplers:
+            i = at
+            extra = drafts.get(req) if drafts else None
+            if extra:
+                at += len(extra) + 1
+                self._verify(req, logits, i, extra, out)
+                continue
+            at += 1
             row = logits[i]
             if req.adjusts:  # only requests that asked pay for the copy
                 row = adjusted(
@@ -501,7 +592,60 @@ class BatchGenerator:
                 self._finish(req, "length")
         return out
 
+    def _verify(
+        self, req: Request, logits: Any, first: int, draft: list[int], out: list[tuple[int, int]]
+    ) -> None:
+        """Take a speculating request's tokens from its ``len(draft) + 1`` rows at ``first``:
+        the accepted drafts and one more token; its rejected drafts' cells are removed."""
+        taken: list[int] = []
+        accepted = 0
+        stop = None
+        left = req.max_new_tokens - len(req.generated)
+        for j in range(len(draft) + 1):
+            raw = logits[first + j]
+            row = raw
+            if req.adjusts:
+                row = adjusted(
+                    raw, req.logit_bias, req.counts, req.frequency_penalty, req.presence_penalty
+                )
+            d = draft[j] if j < len(draft) else None
+            if d is None:
+                tok = sample(row, req.temperature, req.top_p, req.generator)
+            else:
+                tok = accept(row, d, req.temperature, req.top_p, req.generator)
+            if req.logprobs is not None:
+                req.logprob_entries.append(logprob_entry(raw, tok, req.logprobs))
+            if req.frequency_penalty or req.presence_penalty:
+                req.counts[tok] = req.counts.get(tok, 0) + 1
+            taken.append(tok)
+            if tok == d:
+                accepted += 1
+            if tok in req.eos:
+                stop = "stop"
+            elif len(taken) >= left:
+                stop = "length"
+            if stop is not None or tok != d:
+                break
+        # The cells of the drafts not kept go; the kept ones are held like fed tokens.
+        if accepted < len(draft):
+            self.kc.seq_rm(req.seq, req.fed + accepted)
+        self._sched.held(req, draft[:accepted])
+        self._counts["spec_steps"] += 1
+        self._counts["spec_drafted_tokens"] += len(draft)
+        self._counts["spec_accepted_tokens"] += accepted
+        self._counts["generated_tokens"] += len(taken)
+        assert self.speculation is not None
+        req.draft_len = next_length(len(draft), accepted, self.speculation.max_draft)
+        req.tokens += taken
+        out.extend((req.rid, t) for t in taken)
+        if stop is not None:
+            self._finish(req, stop)
+        else:
+            self._drafter.verified(req)
+
     def _finish(self, req: Request, reason: str) -> None:
+        if self._drafter is not None:
+            self._drafter.release(req)
         self._sched.finish(req)
         self._table.retire(req, reason)
 

@@ -52,6 +52,9 @@ class Request:
     presence_penalty: float = 0.0
     counts: dict[int, int] = field(default_factory=dict)  # generated token -> times (penalties)
     guide: Any = None  # a .guide.Guide: the grammar its output must match; None: free
+    speculative: bool = True  # may speculate when the generator does (False: opted out)
+    draft_len: int = 0  # tokens to draft next (adapts to acceptance); 0: not started
+    ngram: Any = None  # its prompt lookup index (.ngram.NgramIndex), built on first use
 
     @property
     def adjusts(self) -> bool:
@@ -133,11 +136,15 @@ def new_request(
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     guide: Any = None,
+    speculative: bool = True,
 ) -> Request:
     """A checked request (not queued); its id is drawn from ``ids`` only once every check
     passed, so a refused request takes no id. ``guide``: its constraint's matcher (built by
-    the generator, which holds the grammar tokenizer)."""
+    the generator, which holds the grammar tokenizer). ``speculative``: ``False`` opts the
+    request out of the generator's speculative decoding."""
     prompt = prompt_tokens(prompt_ids, limits.vocab_size)
+    if not isinstance(speculative, bool):
+        raise InvalidArgumentError(f"speculative: expected a bool, got {speculative!r}")
     try:
         max_new = operator.index(max_new_tokens)
     except TypeError as e:
@@ -178,6 +185,7 @@ def new_request(
         frequency_penalty=freq,
         presence_penalty=pres,
         guide=guide,
+        speculative=speculative,
     )
 
 

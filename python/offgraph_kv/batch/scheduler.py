@@ -178,6 +178,13 @@ class Scheduler:
             self.store.prefilled([(r.seq, r.prompt, r.fed - n, r.fed) for r, n in plan])
         return prefill, decode
 
+    def held(self, req: Request, tokens: list[int]) -> None:
+        """``req``'s sequence also holds ``tokens`` after what it was fed (speculative drafts
+        its step accepted; they are the next of ``req.tokens``)."""
+        if tokens:
+            self._held.extend(req.seq, tokens)
+            req.fed += len(tokens)
+
     def unfed(self, plan: Plan) -> None:
         """The step's forward failed: its tokens are not held, each sequence is cut back."""
         for req, _ in plan:
