@@ -1,0 +1,124 @@
+"""Speculative decoding in ``BatchGenerator`` on both real models (the native engine): greedy
+tokens are those of the same requests without speculation (every pool dtype, prompts shared by
+forks, a request opted out beside one that speculates, bias and penalties), a draft model
+drafting for itself is accepted whole, a draft model of another vocabulary is refused, seeded
+sampling repeats, and the rejection rule keeps the sampler's distribution; the counters add
+up."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from offgraph_kv import InvalidArgumentError
+from offgraph_kv.batch import BatchGenerator
+from offgraph_kv.batch.sampling import sampler_for
+from offgraph_kv.batch.speculative import Speculation, accept, distribution
+
+# Text that repeats itself, so that prompt lookup drafts and some drafts are rejected.
+QUOTE = (
+    "def area(r):\n    return 3.14159 * r * r\n\ndef perimeter(r):\n    return 2 * 3.14159 * r\n"
+)
+ASKS = (
+    "Copy this code exactly, then write it again with the functions renamed:\n\n" + QUOTE,
+    "Repeat this code twice:\n\n" + QUOTE,
+)
+N_NEW = 40
+
+
+def _prompts(engine) -> list[list[int]]:
+    return [engine.tokenizer.encode(a) for a in ASKS]
+
+
+def _both(engine, kv_dtype="float32", **kw):
+    """Each prompt twice in one batch (the second a fork of the first's prefix), speculating
+    and opted out; returns both sides' tokens and the generator."""
+    gen = BatchGenerator(
+        engine, n_cells=1024, max_batch_tokens=64, kv_dtype=kv_dtype, speculative="ngram"
+    )
+    spec, plain = [], []
+    for p in _prompts(engine):
+        spec.append(gen.add(p, N_NEW, **kw))
+        plain.append(gen.add(p, N_NEW, speculative=False, **kw))
+    out = gen.run()
+    return [out[r] for r in spec], [out[r] for r in plain], gen
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "bfloat16", "q8_0"])
+@pytest.mark.parametrize("name", ["smollm2", "gemma"])
+def test_greedy_tokens_equal_without_speculation(request, name, kv_dtype):
+    engine = request.getfixturevalue(f"{name}_engine")
+    spec, plain, gen = _both(engine, kv_dtype)
+    assert spec == plain
+    st = gen.stats
+    assert st["forks"] >= 2  # the opted-out twins forked the speculating ones' prompts
+    assert st["spec_accepted_tokens"] > 0
+    assert st["spec_drafted_tokens"] > st["spec_accepted_tokens"]  # some drafts rejected
+    assert st["spec_acceptance_rate"] == st["spec_accepted_tokens"] / st["spec_drafted_tokens"]
+    assert st["steps"] < 2 * N_NEW  # fewer steps than tokens: drafts were kept
+    assert gen.kc.audit() is None
+
+
+def test_bias_penalties_and_logprobs_under_speculation(smollm2_engine):
+    bias = {smollm2_engine.tokenizer.encode("r", add_special_tokens=False)[0]: -3.0}
+    spec, plain, gen = _both(
+        smollm2_engine, logit_bias=bias, frequency_penalty=0.3, presence_penalty=0.2
+    )
+    assert spec == plain and gen.stats["spec_accepted_tokens"] > 0
+    # One logprob entry per token, even when a step produces several.
+    rid = gen.add(_prompts(smollm2_engine)[1], 24, logprobs=2)
+    while gen.has_work:
+        gen.step()
+    entries = gen.take_logprobs(rid)
+    toks = gen.pop_finished()[rid]
+    assert [e.token for e in entries] == toks
+
+
+def test_draft_model_drafting_for_itself(smollm2_engine, gemma_engine):
+    prompts = _prompts(smollm2_engine)
+    ref = BatchGenerator(smollm2_engine, n_cells=1024, max_batch_tokens=64).generate(prompts, N_NEW)
+    spec = Speculation(smollm2_engine, max_draft=4, draft_cells=512)
+    gen = BatchGenerator(smollm2_engine, n_cells=1024, max_batch_tokens=64, speculative=spec)
+    assert gen.generate(prompts, N_NEW) == ref
+    st = gen.stats
+    assert st["spec_drafted_tokens"] > 0
+    assert st["spec_accepted_tokens"] == st["spec_drafted_tokens"]  # its own greedy tokens
+    assert gen._drafter.kc.live_seqs == []  # finished requests' draft sequences are freed
+    with pytest.raises(InvalidArgumentError, match="vocabulary"):
+        BatchGenerator(smollm2_engine, n_cells=64, speculative=gemma_engine)
+
+
+def test_bad_speculation_arguments_are_refused(smollm2_engine):
+    for bad in ("bigram", 3, Speculation):
+        with pytest.raises(InvalidArgumentError, match="speculative"):
+            BatchGenerator(smollm2_engine, n_cells=64, speculative=bad)
+    with pytest.raises(InvalidArgumentError, match="max_draft"):
+        Speculation("ngram", max_draft=0)
+    gen = BatchGenerator(smollm2_engine, n_cells=256, speculative="ngram")
+    with pytest.raises(InvalidArgumentError, match="speculative"):
+        gen.add([1, 2, 3], 4, speculative="no")
+    assert not gen.has_work  # nothing queued
+
+
+def test_opted_out_and_sampled_requests(smollm2_engine):
+    gen = BatchGenerator(smollm2_engine, n_cells=1024, max_batch_tokens=64, speculative="ngram")
+    p = _prompts(smollm2_engine)[1]
+    gen.generate([p], N_NEW, speculative=False)
+    assert gen.stats["spec_drafted_tokens"] == 0  # alone and opted out: no drafts
+    kw = dict(temperature=0.8, top_p=0.9, seed=7)
+    a = gen.generate([p], N_NEW, **kw)[0]
+    assert gen.stats["spec_drafted_tokens"] > 0
+    gen.clear_prefix_cache()
+    assert gen.generate([p], N_NEW, **kw)[0] == a  # a seed repeats its tokens
+    assert len(a) == N_NEW and all(0 <= t < smollm2_engine.vocab_size for t in a)
+
+
+def test_the_rejection_rule_keeps_the_distribution():
+    row = np.array([1.0, 2.5, 0.3, 2.0, -1.0, 1.7], dtype=np.float32)
+    p = distribution(row, 0.9, 0.95)
+    n = 20000
+    for draft in (1, 4):  # a likely draft, and one outside the top-p head (p = 0)
+        rng = sampler_for(0.9, 3, numpy=True)
+        counts = np.bincount([accept(row, draft, 0.9, 0.95, rng) for _ in range(n)], minlength=6)
+        assert np.all(np.abs(counts / n - p) < 0.015), (draft, counts / n, p)
+    assert p[4] == 0.0
+    assert accept(row, 3, 0.0, 1.0, None) == 1  # greedy: the argmax, whatever was drafted
