@@ -100,7 +100,7 @@ class Server:
                 code="unsupported_parameter",
             )
         prompts = self.prompts(req, chat)
-        # tool_choice "required" or a named function: a grammar of calls in the template's syntax
+        # tools: a grammar of calls in the template's syntax (forced, or auto once a call opens)
         constraint = (chat and call_constraint(req, self.tok)) or req.constraint
         max_tokens, param = req.max_new_tokens()
         if max_tokens is None:

@@ -231,12 +231,27 @@ def _call_schema(f: FunctionDef, key: str) -> dict[str, Any]:
     }
 
 
+EOM = "<|eom_id|>"  # the end of a Llama 3.1+ turn that called tools, a special token
+
+# Free text of an ``auto`` reply: any text (no special tokens, which a regex never matches).
+_TEXT = "TEXT: /(?s:.*)/"
+
+
 def call_grammar(
-    tools: list[Tool], names: list[str], parallel: bool, syntax: str, markers: dict[str, int]
+    tools: list[Tool],
+    names: list[str],
+    parallel: bool,
+    syntax: str,
+    markers: dict[str, int],
+    lazy: bool = False,
 ) -> str:
     """A Lark grammar (llguidance's dialect) of a reply that is only calls, in ``syntax``, of
     the functions ``names`` with arguments valid for their schemas; one call, or several
-    (``parallel``). ``markers``: the syntax's markers that are single tokens (text -> id)."""
+    (``parallel``). ``markers``: the syntax's markers that are single tokens (text -> id).
+
+    ``lazy`` (``tool_choice: "auto"``): the reply may be any text instead; once it writes the
+    syntax's opener (``<tool_call>``, ``[TOOL_CALLS]``; Llama 3: a reply that starts with
+    ``{`` or ``<|python_tag|>``), the rest must be valid calls, as above."""
 
     def lit(text: str) -> str:
         return f"<[{markers[text]}]>" if text in markers else json.dumps(text)
@@ -248,29 +263,55 @@ def call_grammar(
         if t.function.name in names
     ]
     body = "body: " + " | ".join(r.split(":", 1)[0] for r in rules)
+    if syntax == "llama3":
+        call = "call: body"
+        calls = 'call ("; " call)*' if parallel else "call"
+        if EOM in markers:  # Llama 3.1+ ends a turn of calls with <|eom_id|>
+            calls += f" {lit(EOM)}?"
+        if not lazy:
+            return "\n".join([f"start: {calls}", call, body, *rules])
+        # Text is a reply that does not open like a call (Llama's templates teach a bare object).
+        opener = "<|python_tag|>"
+        not_call = "\\{" if opener in markers else "(\\{|<\\|python_tag\\|>)"
+        text = f"TEXT: /(?s:.*)/ & ~/{not_call}(?s:.*)/"
+        start = f"start: TEXT | {lit(opener)}? {calls}"
+        return "\n".join([start, text, call, body, *rules])
     if syntax == "hermes":
-        call = f'call: {lit("<tool_call>")} "\\n" body "\\n" {lit("</tool_call>")}'
-        start = 'start: call ("\\n" call)*' if parallel else "start: call"
-    elif syntax == "llama3":
-        call = "call: body"
-        start = 'start: call ("; " call)*' if parallel else "start: call"
+        opener, rest = "<tool_call>", f'"\\n" body "\\n" {lit("</tool_call>")}'
+        one = f"call: {lit(opener)} {rest}"
+        # A newline after the last call may end the reply (small models write one).
+        more = ' ("\\n" call)* "\\n"?' if parallel else ""
     else:
-        call = "call: body"
-        more = ' (", " call)*' if parallel else ""
-        start = f'start: {lit("[TOOL_CALLS]")} "[" call{more} "]"'
-    return "\n".join([start, call, body, *rules])
+        opener, rest = "[TOOL_CALLS]", '"[" body'
+        one = ""
+        rest += ' (", " body)* "]"' if parallel else ' "]"'
+        more = ""
+    if not lazy:
+        first = "call" if syntax == "hermes" else f"{lit(opener)} {rest}"
+        return "\n".join(r for r in [f"start: {first}{more}", one, body, *rules] if r)
+    if opener in markers:  # a special token: text (which cannot hold one) ends where it comes
+        head = f"head: TEXT {lit(opener)}"
+    else:  # text: the shortest text that ends with the opener (llguidance's lazy lexeme)
+        head = f"head[lazy]: TEXT {json.dumps(opener)}"
+    start = f"start: TEXT | head {rest}{more}"
+    return "\n".join(r for r in [start, head, _TEXT, one, body, *rules] if r)
 
 
 def call_constraint(req: Any, face: Any) -> Any:
-    """The :class:`~offgraph_kv.batch.Constraint` that ``tool_choice`` ``required`` or a named
-    function asks of ``req``'s reply (``None``: no forced call), compiled for ``face``'s
-    syntax; a 400 naming ``tool_choice`` when another field constrains the reply too, naming
-    ``tools`` when a schema does not compile."""
+    """The :class:`~offgraph_kv.batch.Constraint` that ``req``'s tools ask of its reply
+    (``None``: none), compiled for ``face``'s syntax: ``required`` or a named function, only
+    calls; ``auto`` (or no ``tool_choice``), text or calls, a call valid once it opens (not
+    when ``response_format`` constrains the reply: it wins). A 400 naming ``tool_choice``
+    when a forced call and ``response_format`` both constrain the reply, naming ``tools``
+    when a schema does not compile."""
     choice = req.tool_choice
-    if not req.tools or not (choice == "required" or isinstance(choice, ToolChoice)):
+    if not req.tools or choice == "none":
         return None
+    forced = choice == "required" or isinstance(choice, ToolChoice)
     if req.constraint is not None:
-        raise _bad("tool_choice", "a forced call and response_format both constrain the reply")
+        if forced:
+            raise _bad("tool_choice", "a forced call and response_format both constrain the reply")
+        return None
     from .._errors import InvalidArgumentError
     from ..batch.constraint import Constraint
 
@@ -281,9 +322,11 @@ def call_constraint(req: Any, face: Any) -> Any:
     )
     syntax = face.tool_syntax[0]
     markers = {text: tid for tid, text in face.marker_ids().items()}
-    # A named function is called once; "required" calls one or more unless parallel is false.
-    parallel = choice == "required" and req.parallel_tool_calls is not False
-    grammar = call_grammar(req.tools, names, parallel, syntax, markers)
+    if syntax == "llama3" and (eom := face._piece_id(EOM)) is not None:
+        markers[EOM] = eom
+    # A named function is called once; otherwise one or more unless parallel is false.
+    parallel = not isinstance(choice, ToolChoice) and req.parallel_tool_calls is not False
+    grammar = call_grammar(req.tools, names, parallel, syntax, markers, lazy=not forced)
     try:
         return Constraint.lark(grammar)
     except InvalidArgumentError as e:

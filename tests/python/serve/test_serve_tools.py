@@ -5,7 +5,8 @@ then argument pieces that add up to the whole reply's); the round trip (call, re
 renders through the template and reuses the conversation's prefix, on SmolLM2's template and
 Gemma 3's; ``tool_choice: "none"``
 answers text from the prompt without tools; malformed tools and tool turns are 400s naming the
-field that change nothing in the server."""
+field that change nothing in the server; ``auto`` answers text, or a call held to the tools
+once it opens (``parallel_tool_calls: false``: one)."""
 
 from __future__ import annotations
 
@@ -141,6 +142,31 @@ def test_tool_choice_none_answers_text_from_a_prompt_without_tools(server):
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens
     auto = client.chat.completions.create(**{**KW, "max_tokens": 8}, messages=ASK)
     assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 50  # the tools' system block
+
+
+def test_auto_answers_text_or_makes_a_valid_call(server):
+    # auto: text stays free; once the reply opens a call, the call is held to the tools.
+    client = server.client()
+    hello = client.chat.completions.create(
+        **KW, messages=[{"role": "user", "content": "Say hello to me."}]
+    ).choices[0]
+    assert hello.finish_reason == "stop" and hello.message.tool_calls is None
+    assert "<tool_call>" not in hello.message.content and hello.message.content.strip()
+    say = "Call the get_weather function for Paris. Reply with a <tool_call>."
+    asked = [{"role": "user", "content": say}]
+    kw = dict(**KW, messages=asked, tool_choice="auto", parallel_tool_calls=False)
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    (call,) = whole.message.tool_calls  # parallel_tool_calls false: one call, then the end
+    valid_call(call)
+    args, reasons = "", []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        c = chunk.choices[0]
+        reasons.append(c.finish_reason)
+        for d in c.delta.tool_calls or []:
+            assert d.index == 0
+            args += d.function.arguments
+    assert reasons[-1] == "tool_calls" and args == call.function.arguments
 
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}

@@ -255,27 +255,28 @@ def accepts(grammar: str, text: str) -> bool:
     return all(m.consume_token(b) for b in text.encode()) and m.is_accepting()
 
 
-@pytest.mark.parametrize(
-    "syntax,good,bad",
-    [
-        (
-            "hermes",
-            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
-            "\n</tool_call>",
-            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-        ),
-        (
-            "llama3",
-            '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "F"}}',
-            '{"name": "get_time", "parameters": {}}',
-        ),
-        (
-            "mistral",
-            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "A", "unit": "C"}}]',
-            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "A", "unit": "K"}}]',
-        ),
-    ],
-)
+# (syntax, a valid call of TOOL, an invalid one) in each syntax.
+CALLS = [
+    (
+        "hermes",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
+        "\n</tool_call>",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    ),
+    (
+        "llama3",
+        '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "F"}}',
+        '{"name": "get_time", "parameters": {}}',
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "A", "unit": "C"}}]',
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "A", "unit": "K"}}]',
+    ),
+]
+
+
+@pytest.mark.parametrize("syntax,good,bad", CALLS)
 def test_the_forced_call_grammar_takes_valid_calls_only(syntax, good, bad):
     from offgraph_kv.serve.tool_prompt import Tool, call_grammar
 
@@ -290,6 +291,26 @@ def test_the_forced_call_grammar_takes_valid_calls_only(syntax, good, bad):
     sep = {"hermes": "\n", "llama3": "; "}.get(syntax)
     if sep is not None:
         assert accepts(two, good + sep + good) and not accepts(grammar, good + sep + good)
+
+
+@pytest.mark.parametrize("syntax,good,bad", CALLS)
+def test_the_auto_grammar_takes_text_or_valid_calls(syntax, good, bad):
+    from offgraph_kv.serve.tool_prompt import Tool, call_grammar
+
+    tools = [Tool.model_validate(TOOL)]
+    one, many = (
+        call_grammar(tools, ["get_weather"], parallel, syntax, {}, lazy=True)
+        for parallel in (False, True)
+    )
+    for text in ("", "It is sunny in Paris.", "A <tool or [TOOL] or } is text."):
+        assert accepts(one, text), text
+    # Llama 3 teaches a reply that is the call; the others write text before the opener.
+    lead = "" if syntax == "llama3" else "Let me check.\n"
+    assert accepts(one, lead + good) and not accepts(one, lead + bad)
+    sep = {"hermes": "\n", "llama3": "; "}.get(syntax)
+    if sep is not None:  # parallel_tool_calls false: one call at most
+        assert accepts(many, lead + good + sep + good)
+        assert not accepts(one, lead + good + sep + good)
 
 
 @pytest.mark.parametrize("family", ["gemma3", "phi3", "qwen2"])
