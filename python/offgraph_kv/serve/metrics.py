@@ -81,10 +81,31 @@ class Metrics:
             "Prompt tokens restored from the host tier instead of being computed",
         )
         self._host_seen: dict[str, int] = {}
+        self.spec_drafted_tokens = counter(
+            "spec_drafted_tokens", "Tokens drafted by speculative decoding (serve --spec)"
+        )
+        self.spec_accepted_tokens = counter(
+            "spec_accepted_tokens", "Drafted tokens the model's own sampling accepted"
+        )
+        self.spec_acceptance_rate = gauge(
+            "spec_acceptance_rate", "Accepted over drafted tokens since the server started"
+        )
         self.step_seconds = histogram("step_seconds", "Time of one generator step")
         self.ttft_seconds = histogram(
             "time_to_first_token_seconds", "Time from admission to a request's first token"
         )
+
+    def speculation(self, stats: dict) -> None:
+        """Publishes a generator's ``spec_*`` stats (counters by their increase)."""
+        for key, counter in (
+            ("spec_drafted_tokens", self.spec_drafted_tokens),
+            ("spec_accepted_tokens", self.spec_accepted_tokens),
+        ):
+            now = int(stats.get(key, 0))
+            if now > self._host_seen.get(key, 0):
+                counter.inc(now - self._host_seen.get(key, 0))
+            self._host_seen[key] = now
+        self.spec_acceptance_rate.set(float(stats.get("spec_acceptance_rate", 0.0)))
 
     def host_cache(self, stats: dict) -> None:
         """Publishes a generator's ``host_cache_*`` stats (counters by their increase)."""

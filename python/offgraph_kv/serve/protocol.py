@@ -87,6 +87,9 @@ class _Sampling(_Strict):
     guided_grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
+    # This server's extension: false opts the request out of speculative decoding (serve
+    # --spec); its output is the same either way when greedy.
+    speculative: bool = True
     _constraint: Any = PrivateAttr(default=None)
 
     @property

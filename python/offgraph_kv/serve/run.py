@@ -27,7 +27,9 @@ class ServeOptions:
     engine's threads (native: matmuls and attention; torch: torch's; ``None``: all);
     ``api_key`` the key /v1 and the token routes need (``protect_metrics``: /health and /metrics
     too); ``max_prefill_tokens`` the prompt tokens a step carries while requests generate
-    (``BatchGenerator``'s; ``None``: ``max_batch_tokens``).
+    (``BatchGenerator``'s; ``None``: ``max_batch_tokens``); ``spec`` ``"ngram"`` or a draft
+    ``.gguf`` for speculative decoding (``None``: off), ``spec_max_draft`` its most drafted
+    tokens per request and step.
     """
 
     model: str
@@ -48,6 +50,8 @@ class ServeOptions:
     engine: str | None = None
     api_key: str | None = None
     protect_metrics: bool = False
+    spec: str | None = None
+    spec_max_draft: int = 8
 
 
 def build(opts: ServeOptions) -> Any:
@@ -78,6 +82,10 @@ def build(opts: ServeOptions) -> Any:
     from .host_cache import resolve  # evicted prompts' chunks, in process, before the store
 
     kw["host_cache_bytes"] = resolve(opts.prefix_cache_bytes) or None
+    if opts.spec:
+        from ..batch.speculative import Speculation
+
+        kw["speculative"] = Speculation(opts.spec, max_draft=opts.spec_max_draft)
     gen = BatchGenerator(
         model,
         n_cells=opts.n_cells,

@@ -124,6 +124,7 @@ class Server:
                 presence_penalty=req.presence_penalty,
                 constraint=constraint,
                 max_tokens_param=param,
+                speculative=req.speculative,
             )
             for i, p in enumerate(prompts)
             for j in range(req.n)

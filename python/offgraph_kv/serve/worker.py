@@ -44,6 +44,7 @@ class Job:
     presence_penalty: float = 0.0
     constraint: Any = None  # a Constraint the reply must match; None: free
     max_tokens_param: str = "max_tokens"  # the request's name of max_tokens, for its errors
+    speculative: bool = True  # False: opted out of the generator's speculative decoding
     # Shared by the choices of one request: [True] once one of them has started. The queue
     # counts requests, not choices.
     ticket: list[bool] = field(default_factory=lambda: [False])
@@ -227,6 +228,7 @@ class RequestWorker:
                             frequency_penalty=job.frequency_penalty,
                             presence_penalty=job.presence_penalty,
                             constraint=job.constraint,
+                            speculative=job.speculative,
                         )
                     except CacheError as e:  # submit's checks should have caught it
                         self._end(job, "error", str(e))
@@ -251,7 +253,11 @@ class RequestWorker:
         produced = self.gen.step()
         now = time.perf_counter()
         self.metrics.step_seconds.observe(now - t0)
-        for rid, tok in produced:
+        # A speculating request may produce several tokens in one step: each token gets its
+        # own logprob entry, and only its last token can end it.
+        last = {rid: i for i, (rid, _) in enumerate(produced)}
+        entries: dict[int, list] = {}
+        for i, (rid, tok) in enumerate(produced):
             job = self._jobs.get(rid)
             if job is None:
                 continue
@@ -262,9 +268,13 @@ class RequestWorker:
                 self.metrics.cached_tokens.inc(job.cached_tokens)
                 self.metrics.ttft_seconds.observe(now - job.submitted)
             self.metrics.generated_tokens.inc()
-            # The token's logprob entry (one per step), or None when the job asked for none.
-            entries = self.gen.take_logprobs(rid) if job.logprobs is not None else None
-            job.send("token", (tok, entries[-1] if entries else None))
+            # The token's logprob entry, or None when the job asked for none.
+            if job.logprobs is not None and rid not in entries:
+                entries[rid] = self.gen.take_logprobs(rid) or []
+            mine = entries.get(rid)
+            job.send("token", (tok, mine.pop(0) if mine else None))
+            if i != last[rid]:
+                continue
             info = self.gen.request_info(rid)
             if info is not None and info["state"] == "finished":
                 # "stop": an end token, or a constraint's grammar complete; else "length".
@@ -305,6 +315,7 @@ class RequestWorker:
         m.cells_free.set(st["cells_free"])
         m.cells_cached.set(st["cells_cached"])
         m.host_cache(st)
+        m.speculation(st)
 
     def state(self) -> dict[str, Any]:
         """Occupancy figures (worker thread, or under :meth:`call`)."""
@@ -325,7 +336,7 @@ class RequestWorker:
             "cached_sequences": st["cached_sequences"],
             "requests_cancelled": st.get("requests_cancelled", 0),
             "prefix_tokens_reused": st["prefix_tokens_reused"],
-            **{k: v for k, v in st.items() if k.startswith("host_cache_")},
+            **{k: v for k, v in st.items() if k.startswith(("host_cache_", "spec_"))},
         }
 
     def audit(self) -> dict[str, Any]:

@@ -324,6 +324,20 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="the engine's threads: native matmuls and attention, or torch's (default all)",
     )
     p.add_argument(
+        "--spec",
+        default=None,
+        metavar="ngram|DRAFT.gguf",
+        help="speculative decoding: ngram (prompt lookup over each request's own tokens) or a "
+        'draft model of the same vocabulary; a request opts out with "speculative": false '
+        "(default: off)",
+    )
+    p.add_argument(
+        "--spec-max-draft",
+        type=_positive,
+        default=8,
+        help="most tokens drafted per request and step with --spec (default 8)",
+    )
+    p.add_argument(
         "--api-key",
         default=os.environ.get("OFFGRAPH_KV_API_KEY") or None,
         metavar="KEY",
