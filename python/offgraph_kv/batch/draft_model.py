@@ -87,14 +87,12 @@ class DraftModel:
         live: list[int] = []  # indices of wants being drafted
         feeds: list[list[int]] = []
         for i, (req, _) in enumerate(wants):
+            self.verified(req)  # after a failed step it still holds the drafts of that step
             st = self._state(req)
             if st is None:
                 continue
-            held = st[1]
-            if held > len(req.tokens) - 1:
-                continue
             live.append(i)
-            feeds.append(req.tokens[held:])
+            feeds.append(req.tokens[st[1] :])
         # The first draft token: catch up on what each draft sequence lacks, in steps of at most
         # max_step tokens (a prompt's first catch-up may take several).
         try:

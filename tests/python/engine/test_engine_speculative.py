@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from offgraph_kv import InvalidArgumentError
 from offgraph_kv.batch import BatchGenerator
+from offgraph_kv.batch.ngram import NgramIndex
 from offgraph_kv.batch.sampling import sampler_for
 from offgraph_kv.batch.speculative import Speculation, accept, distribution
 
@@ -122,3 +123,14 @@ def test_the_rejection_rule_keeps_the_distribution():
         assert np.all(np.abs(counts / n - p) < 0.015), (draft, counts / n, p)
     assert p[4] == 0.0
     assert accept(row, 3, 0.0, 1.0, None) == 1  # greedy: the argmax, whatever was drafted
+
+
+def test_prompt_lookup_drafts_the_latest_longest_match():
+    idx = NgramIndex(max_n=3, min_n=2)
+    toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    # "2 3" recurs; its latest earlier occurrence (followed by 7 8 5) wins over the first.
+    assert idx.draft(toks, 3) == [7, 8, 5]
+    toks += [9, 1, 2, 3]  # now "1 2 3" (3 tokens) last occurred before 7
+    assert idx.draft(toks, 2) == [7, 8]
+    assert NgramIndex().draft([1, 2, 3, 4], 4) == []  # nothing recurs
+    assert NgramIndex().draft([5, 6, 5, 6], 0) == []
