@@ -1,5 +1,6 @@
 """The API key (``--api-key``): every ``/v1`` route and ``/tokenize``, ``/detokenize`` need
-``Authorization: Bearer <key>``; ``/health`` and ``/metrics`` too with ``--protect-metrics``.
+``Authorization: Bearer <key>``; ``/health``, ``/metrics`` and the routes a router polls
+(:mod:`.routes.replica`) too with ``--protect-metrics``.
 Anything else is 401 in OpenAI's error shape (code ``invalid_api_key``).
 
 A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware``: that one wraps the request's
@@ -17,7 +18,17 @@ from .protocol import ApiError
 __all__ = ["ApiKeyMiddleware", "protected"]
 
 _TOKEN_ROUTES = ("/tokenize", "/detokenize")
-_OPEN_ROUTES = ("/health", "/metrics")
+# With --protect-metrics, also what a router polls beside /health (/v1/loads is a /v1 route).
+_OPEN_ROUTES = (
+    "/health",
+    "/metrics",
+    "/health_generate",
+    "/get_load",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+)
 
 
 def protected(path: str, protect_metrics: bool) -> bool:
