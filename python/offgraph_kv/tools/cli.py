@@ -421,6 +421,16 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve a model over an OpenAI-compatible HTTP API (the [serve] extra)"
     )
     _serve_arguments(serve_http)
+    from . import cluster as _cluster
+
+    cluster = sub.add_parser(
+        "serve-cluster",
+        help="N serve replicas behind a cache-aware router (SMG: pip install smg)",
+        description=_cluster.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _cluster.add_arguments(cluster, _positive)
+    cluster.set_defaults(func=_cluster.cmd)
     plans = sub.add_parser("plans", help="print the per-policy plans of a Gemma-like decode")
     plans.add_argument("--prefill", type=_positive, default=600, help="prompt tokens (default 600)")
     plans.add_argument("--decode", type=_positive, default=200, help="decode steps (default 200)")
