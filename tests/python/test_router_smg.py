@@ -5,7 +5,8 @@ router asks (its load, server and model info, a health check through its steppin
 chat works whole, with ``n`` and streamed through the router; a session's turns reach the
 replica that holds its history (``cached_tokens`` grow); a replica killed under load is dropped
 (the requests it held fail with an OpenAI-shaped error, the rest complete) and, started again,
-rejoins. Last, the launcher itself: one chat with its API key, SIGTERM, every port closed."""
+rejoins; the replicas share a Redis store, so a prompt one prefilled the other restores. Last,
+the launcher itself: one chat with its API key, SIGTERM, every port closed."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from offgraph_kv.tools.cluster import (
     replica_command,
     router_command,
 )
+from prefix_store.conftest import RedisServer
 
 MODEL = "smollm2-135m"
 HOST = "127.0.0.1"
@@ -100,6 +102,7 @@ def prompt_tokens_served(url: str) -> float:
 
 @dataclasses.dataclass
 class Cluster:
+    opts: ClusterOptions
     ports: list[int]
     replicas: list[Proc]
     url: str
@@ -117,18 +120,19 @@ class Cluster:
         return {w["url"]: w["status"] for w in get(self.url + "/workers")["workers"]}
 
     def start_replica(self, i: int) -> None:
-        self.replicas[i] = Proc(replica_command(OPTS, self.ports[i]))
+        self.replicas[i] = Proc(replica_command(self.opts, self.ports[i]))
         wait_for(f"replica {i}", lambda: get(self.urls[i] + "/health"), self.replicas[i])
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     smg = find_smg()
     assert smg is not None, "smg is not installed (pip install smg)"
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    opts = dataclasses.replace(OPTS, port=free_port(HOST), store=redis.url)
     ports = [free_port(HOST) for _ in range(2)]
-    replicas = [Proc(replica_command(OPTS, p)) for p in ports]
-    opts = dataclasses.replace(OPTS, port=free_port(HOST))
-    c = Cluster(ports, replicas, f"http://{HOST}:{opts.port}")
+    replicas = [Proc(replica_command(opts, p)) for p in ports]
+    c = Cluster(opts, ports, replicas, f"http://{HOST}:{opts.port}")
     try:
         for i, url in enumerate(c.urls):
             wait_for(f"replica {i}", lambda u=url: get(u + "/health"), replicas[i])
@@ -144,6 +148,7 @@ def cluster():
         if c.router is not None:
             c.router.stop()
         codes = [p.stop() for p in c.replicas]
+        redis.stop()
     assert codes == [0] * len(codes), "a replica did not stop cleanly"
 
 
@@ -211,6 +216,24 @@ def test_a_sessions_turns_reach_the_replica_that_holds_it(cluster):
     # The router spread the sessions: each replica prefilled some of them.
     after = [prompt_tokens_served(u) for u in cluster.urls]
     assert all(b > a for a, b in zip(before, after)), (before, after)
+
+
+def test_a_prompt_prefilled_on_one_replica_is_restored_on_the_other(cluster):
+    # Both replicas share one Redis store (--store): the chunk the first saved as its prefill
+    # passed position 256, the second loads instead of computing it.
+    prompt = " ".join(
+        f"Part {i}: the shop stocks {i * 7 % 13} wheels and {i} chains." for i in range(30)
+    )
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    first, second = (
+        openai.OpenAI(base_url=u + "/v1", api_key="none", max_retries=0, timeout=120)
+        for u in cluster.urls
+    )
+    a = first.completions.create(**kw)
+    assert a.usage.prompt_tokens > 256 and a.usage.prompt_tokens_details.cached_tokens == 0
+    b = second.completions.create(**kw)
+    assert b.usage.prompt_tokens_details.cached_tokens == 256
+    assert b.choices[0].text == a.choices[0].text
 
 
 def test_a_killed_replica_is_dropped_and_the_restarted_one_rejoins(cluster):
