@@ -16,10 +16,12 @@ the plain ones (greedy: they must).
 ``--full-load``: ``bench_serve.py``'s shared-prefix chat load (64 requests, 16 at a time)
 against the server with and without ``--spec ngram``, alternating: throughput with speculation
 over without (speculation turns itself down on a full batch; the aim is >= 0.95).
+``--step-cost``: in process, a T-token forward of one sequence over a one-token one.
 
     python benches/bench_spec.py --model smollm2-135m
     python benches/bench_spec.py --model gemma-3-270m --llama-server PATH --rounds 5
     python benches/bench_spec.py --model smollm2-135m --full-load --servers okv
+    python benches/bench_spec.py --model smollm2-135m --servers "" --step-cost
 """
 
 from __future__ import annotations
@@ -332,6 +334,39 @@ def full_load(args, tmp: Path) -> dict:
     }
 
 
+def step_cost(args) -> dict:
+    """In process: the time of one forward of ``T`` tokens of one sequence (a 512-token context
+    held) over the time of a one-token forward, for the ``T`` a verifying step carries; the T
+    values interleaved, ``rounds * 5`` times each, medians. What ``step_tokens`` is chosen by."""
+    import offgraph_kv as okv
+    from offgraph_kv.gguf_model import GgufModel
+    from serve_load import gguf_path
+
+    m = GgufModel(gguf_path(args.model), threads=args.threads)
+    layers = m.layer_configs()
+    cfg = okv.CacheConfig(m.max_positions, len(layers), layers, max_step=64)
+    kc = okv.KvCellCache(cfg, 1024, n_seq_max=4)
+    seq = kc.seq_new()
+    ctx = m.tokenizer.encode(TOOL_LOG * 2)[:512]
+    for at in range(0, len(ctx), 64):
+        part = ctx[at : at + 64]
+        kc.begin_step([seq] * len(part), list(range(at, at + len(part))))
+        m.forward_cells(kc, part, list(range(at, at + len(part))), [len(part) - 1])
+    n0 = len(ctx)
+    sizes = (1, 2, 4, 8, 12, 16, 24, 32)
+    times: dict = {t: [] for t in sizes}
+    for _ in range(args.rounds * 5):
+        for t in sizes:
+            pos = list(range(n0, n0 + t))
+            kc.begin_step([seq] * t, pos)
+            t0 = time.perf_counter()
+            m.forward_cells(kc, ctx[:t], pos, list(range(t)))
+            times[t].append(time.perf_counter() - t0)
+            kc.seq_rm(seq, n0)
+    base = statistics.median(times[1])
+    return {t: statistics.median(x) / base for t, x in times.items()} | {"one_token_s": base}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -350,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--kv-dtype", default="float32")
     ap.add_argument("--full-load", action="store_true", help="also bench_serve's chat load")
+    ap.add_argument(
+        "--step-cost", action="store_true", help="also a T-token forward over a 1-token one"
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--log-dir", default=None, help="keep the servers' logs here")
     args = ap.parse_args(argv)
@@ -375,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
             result["one_stream"] = summarise(res)
             result["flags"] = {n: " ".join(p.cmd[3:]) for n, p in servers.items()}
             print(table(result["one_stream"]))
+        if args.step_cost:
+            result["step_cost"] = step_cost(args)
+            print(f"step cost (T tokens / 1 token): {json.dumps(result['step_cost'])}")
         if args.full_load:
             result["full_load"] = full_load(args, tmp)
             print(f"full chat load: {json.dumps(result['full_load'])}")

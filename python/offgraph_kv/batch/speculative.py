@@ -22,8 +22,9 @@ model of the same vocabulary (:class:`~offgraph_kv.batch.draft_model.DraftModel`
 
 Draft length adapts per request (:func:`next_length`): it doubles while every draft is accepted
 and falls to one past the accepted count when one is not. Speculation turns itself down when
-the batch is full: drafts are added only while the step holds at most ``step_tokens`` tokens,
-where a forward still costs about what reading the weights once costs.
+the batch is full: drafts are added only while the step holds at most ``step_tokens`` tokens
+(12 by default: on the small real models a 12-token forward of one sequence already costs ~2x a
+one-token one; docs/speculative.md has the measured curve).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_DRAFT = 8
-DEFAULT_STEP_TOKENS = 16
+DEFAULT_STEP_TOKENS = 12
 
 
 @dataclass(frozen=True)
