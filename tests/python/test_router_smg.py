@@ -162,7 +162,8 @@ def test_a_replica_answers_what_the_router_asks(cluster):
         info = get(url + path)
         assert info["served_model_name"] == MODEL and info["max_total_tokens"] == 4096
     for path in ("/model_info", "/get_model_info"):
-        assert get(url + path)["is_generation"] is True
+        info = get(url + path)
+        assert info["is_generation"] is True and info["model_type"] == "llama"
     assert get(url + "/health_generate") == {"status": "ok"}
     assert get(url + "/get_load")["load"] == 0
     # The router registered both with their server info, and polls their load (every second).

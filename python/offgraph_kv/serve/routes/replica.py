@@ -79,12 +79,14 @@ def register(app: FastAPI, srv: Server) -> None:
         }
 
     def model_info() -> dict[str, Any]:
+        # A transformers model names its type in its config; a GGUF model its architecture.
         config = getattr(gen.model, "config", None)
+        model_type = getattr(config, "model_type", None) or getattr(gen.model, "architecture", None)
         return {
             "model_path": srv.model_name,
             "tokenizer_path": srv.model_name,
             "is_generation": True,
-            "model_type": getattr(config, "model_type", None),
+            "model_type": model_type,
             "architectures": getattr(config, "architectures", None),
         }
 
