@@ -16,6 +16,9 @@ the plain ones (greedy: they must).
 ``--full-load``: ``bench_serve.py``'s shared-prefix chat load (64 requests, 16 at a time)
 against the server with and without ``--spec ngram``, alternating: throughput with speculation
 over without (speculation turns itself down on a full batch; the aim is >= 0.95).
+llama-server runs with ``OMP_WAIT_POLICY=passive`` (unless set) and ``--poll 0``
+(``--llama-extra``): its waiting threads sleep instead of spinning, which a loaded machine needs.
+
 ``--step-cost``: in process, a T-token forward of one sequence over a one-token one.
 
     python benches/bench_spec.py --model smollm2-135m
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -210,8 +214,12 @@ def start_servers(args, tmp: Path) -> dict:
     if "llama" in kinds:
         if not args.llama_server:
             raise SystemExit("--servers llama needs --llama-server PATH")
+        # llama.cpp's OpenMP threads spin while they wait: on a shared, loaded machine that
+        # starves them (measured here: 1.5-5 tok/s against 12-24 with passive waiting).
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+        extra = args.llama_extra.split()
         servers["llama"] = llama_server(
-            args.llama_server, args.model, args.threads, args.n_cells, 1, tmp / "llama.log"
+            args.llama_server, args.model, args.threads, args.n_cells, 1, tmp / "llama.log", extra
         )
         for t in [t.strip() for t in args.llama_spec_types.split(",") if t.strip()]:
             servers[f"llama --spec-type {t}"] = llama_server(
@@ -221,7 +229,7 @@ def start_servers(args, tmp: Path) -> dict:
                 args.n_cells,
                 1,
                 tmp / f"llama-{t}.log",
-                ["--spec-type", t],
+                [*extra, "--spec-type", t],
             )
     return servers
 
@@ -376,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
         "--llama-spec-types",
         default="ngram-simple,ngram-map-k,ngram-mod",
         help="llama-server --spec-type values, one server each (the best one is its figure)",
+    )
+    ap.add_argument(
+        "--llama-extra",
+        default="--poll 0",
+        help="more llama-server flags (default --poll 0: its threads sleep rather than spin "
+        "while waiting, which a shared, loaded machine needs)",
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=320)
