@@ -173,6 +173,29 @@ class GgufModel:
         ``kc.begin_step(seq_ids, positions)`` with one entry per token."""
         return self._core.forward_cells(kc, list(tokens), list(positions), list(rows))
 
+    def generate(
+        self,
+        ids: Sequence[int],
+        max_new_tokens: int,
+        eos_token_id: int | Sequence[int] | None = None,
+        speculative: Any = None,
+        kv_dtype: str | None = None,
+        **sampling: Any,
+    ) -> list[int]:
+        """One sequence's generated tokens (ending with the eos token that stopped it), through
+        a :class:`~offgraph_kv.batch.BatchGenerator` sized for it. ``eos_token_id``: ``None``
+        stops at :attr:`eos_token_ids`; ``speculative``: ``"ngram"``, a draft model or
+        ``.gguf`` path (see the generator's); ``sampling``: ``temperature``, ``top_p``,
+        ``seed`` and the other arguments of ``BatchGenerator.add``."""
+        from .batch import BatchGenerator
+
+        cells = max(64, len(ids) + int(max_new_tokens))
+        gen = BatchGenerator(
+            self, n_cells=cells, n_seq_max=4, kv_dtype=kv_dtype, speculative=speculative
+        )
+        eos = self.eos_token_ids if eos_token_id is None else eos_token_id
+        return gen.generate([ids], max_new_tokens, eos_token_id=eos, **sampling)[0]
+
     def logits(self, ids: Sequence[int], kv_dtype: str | None = None) -> np.ndarray:
         """Logits float32 ``[len(ids), vocab]`` of one sequence from position 0 (a private
         cache, pools in ``kv_dtype``)."""

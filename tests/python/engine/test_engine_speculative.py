@@ -134,3 +134,15 @@ def test_prompt_lookup_drafts_the_latest_longest_match():
     assert idx.draft(toks, 2) == [7, 8]
     assert NgramIndex().draft([1, 2, 3, 4], 4) == []  # nothing recurs
     assert NgramIndex().draft([5, 6, 5, 6], 0) == []
+
+
+def test_gguf_model_generate_speculating(smollm2_engine):
+    p = _prompts(smollm2_engine)[1]
+    plain = smollm2_engine.generate(p, 24)
+    assert smollm2_engine.generate(p, 24, speculative="ngram") == plain
+    assert (
+        plain
+        == BatchGenerator(smollm2_engine, n_cells=256).generate(
+            [p], 24, eos_token_id=smollm2_engine.eos_token_ids
+        )[0]
+    )
