@@ -18,11 +18,15 @@ llama.cpp is not vendored: build ``llama-server`` as ``bench_engine.py`` says an
     python benches/bench_serve.py --servers okv,llama --llama-server PATH
     python benches/bench_serve.py --quick                        # CI: a small load, native only
     python benches/bench_serve.py --structured --servers okv     # half the load with a json_schema
+    python benches/bench_serve.py --structured --servers okv,llama --llama-server PATH --rounds 3
 
 ``--structured``: each server answers the load twice, as it is and with every other request
 carrying a ``response_format`` ``json_schema`` (constrained decoding), and the table compares
 the two (throughput and inter-token p50; the target is within 10%), with the share of the
-constrained replies that parse as JSON (those cut by ``--new-tokens`` do not).
+constrained replies that parse as JSON (those cut by ``--new-tokens`` do not); with ``llama``
+among the servers, offgraph-kv against llama-server's grammar path on the same requests (the
+target: >= 2x throughput). ``--rounds N`` runs every server (and load) N times, alternating
+the order each round, and reports each figure's median.
 
 Writes a JSON of the figures (``--json``) and a plot (``--plot``).
 """
@@ -203,6 +207,17 @@ def summary(r: dict, rates: list[float], peak_rss: int) -> dict:
     }
 
 
+def medians(runs: list[dict]) -> dict:
+    """One server's figures over its rounds: each number's median (NaNs left out)."""
+    out = dict(runs[0])
+    for key, v in runs[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [r[key] for r in runs if r[key] == r[key]]
+            out[key] = statistics.median(vals) if vals else float("nan")
+    out["rounds"] = len(runs)
+    return out
+
+
 def table(res: dict) -> str:
     rows = [
         "| server | tokens/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (s) | ITL p99 (s) "
@@ -238,6 +253,15 @@ def table(res: dict) -> str:
                 f"{s['tokens']} tokens against {plain['tokens']} (a complete reply stops); "
                 f"constrained replies that parse as JSON: {s['json_valid']:.0%}"
             )
+    sa, sb = res.get(NAMES["okv"] + STRUCTURED), res.get(NAMES["llama"] + STRUCTURED)
+    if sa and sb:
+        rows.append(
+            "offgraph-kv / llama-server, both under the structured load (llama-server's "
+            f"grammar path): throughput {ratio(sa['tok_per_s'], sb['tok_per_s']):.2f}x (>= 2), "
+            f"ITL p50 {ratio(sa['itl_p50_s'], sb['itl_p50_s']):.2f}x, wall time "
+            f"{ratio(sa['wall_s'], sb['wall_s']):.2f}x; constrained replies that parse as JSON: "
+            f"{sa['json_valid']:.0%} against {sb['json_valid']:.0%}"
+        )
     t = res.get("offgraph-kv torch")
     if a and t:
         rows.append(
@@ -341,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--max-prefill-tokens", type=int, default=128)
     ap.add_argument("--kv-dtype", default="float32")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="runs per server, alternating; medians reported"
+    )
     ap.add_argument("--quick", action="store_true", help="CI: 8 requests, native engine only")
     ap.add_argument("--json", default=None)
     ap.add_argument("--log-dir", default=None, help="keep the servers' logs here")
@@ -354,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.requests, args.concurrency, args.system_tokens, args.new_tokens = 8, 4, 128, 8
         args.single, args.servers = 2, "okv"
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds: at least 1, got {args.rounds}")
     kinds = [k.strip() for k in args.servers.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in NAMES]
     if unknown:
@@ -368,17 +397,21 @@ def main(argv: list[str] | None = None) -> int:
         f"tokens, greedy; then {args.single} one at a time; {args.model}, {args.threads} threads",
         flush=True,
     )
-    res: dict = {}
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.log_dir or tmp
         Path(tmp).mkdir(parents=True, exist_ok=True)
-        for kind in kinds:
-            res[NAMES[kind]], flags = run_one(kind, args, Path(tmp), convs, singles)
-            print(f"{NAMES[kind]} ({flags}): {json.dumps(res[NAMES[kind]])}", flush=True)
-            if args.structured:
-                name = NAMES[kind] + STRUCTURED
-                res[name], _ = run_one(kind, args, Path(tmp), convs, singles, structured=True)
-                print(f"{name} ({flags}): {json.dumps(res[name])}", flush=True)
+        loads = [False, True] if args.structured else [False]
+        for r in range(args.rounds):
+            # Alternate the order from round to round: a busy machine's drift hits every side.
+            flip = (lambda xs: xs[::-1]) if r % 2 else (lambda xs: xs)
+            for kind in flip(kinds):
+                for structured in flip(loads):
+                    name = NAMES[kind] + (STRUCTURED if structured else "")
+                    out, flags = run_one(kind, args, Path(tmp), convs, singles, structured)
+                    runs.setdefault(name, []).append(out)
+                    print(f"round {r + 1} {name} ({flags}): {json.dumps(out)}", flush=True)
+    res = {name: medians(rs) for name, rs in runs.items()}
     print(table(res))
     if args.json:
         with open(args.json, "w") as f:
