@@ -332,6 +332,8 @@ def call_constraint(req: Any, face: Any) -> Any:
     except InvalidArgumentError as e:
         raise _bad("tools", f"a function's parameters do not compile: {e}") from None
     except ImportError as e:
+        if not forced:  # auto promises no call; without the grammar engine it runs free
+            return None
         raise ApiError(
             400, f"tool_choice: {e}", param="tool_choice", code="unsupported_parameter"
         ) from None
