@@ -490,3 +490,82 @@ fn an_intact_cell_snapshot_larger_than_the_cache_is_no_room_not_damage() {
         );
     }
 }
+
+/// A cell snapshot of `blob`'s layout holding `held` with ring rows at `ring`,
+/// rows of zeros (2 layers: one flat, one ring, float32).
+fn cell_crafted(blob: &[u8], held: &[(u64, u64)], ring: &[u64]) -> Vec<u8> {
+    let mut out = blob[..HEADER + 2 * LAYER_PRINT].to_vec();
+    out.extend_from_slice(&(held.len() as u32).to_le_bytes());
+    for &(a, b) in held {
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+    }
+    out.extend_from_slice(&(ring.len() as u32).to_le_bytes());
+    for &p in ring {
+        out.extend_from_slice(&p.to_le_bytes());
+    }
+    let n_held: u64 = held.iter().map(|&(a, b)| b - a).sum();
+    let rows = (n_held as usize + ring.len()) * H * 2 * D * 4;
+    out.extend(std::iter::repeat_n(0u8, rows));
+    with_crc(out)
+}
+
+#[test]
+fn ring_rows_other_than_the_tail_the_next_step_needs_are_damage_before_room() {
+    // A shared store meets values other processes wrote: a snapshot whose ring
+    // rows are not exactly the held positions the next step needs (a hole
+    // across a gap, rows below the window) is refused as damage even when the
+    // cache could not hold it anyway, so the store deletes it instead of
+    // keeping it as a miss for a larger cache.
+    let mixed = cfg(
+        &[LayerPolicy::Flat, LayerPolicy::Ring { window: 8 }],
+        64,
+        4,
+        KvDtype::Float32,
+    );
+    let blob = cell_seq(&mixed, 40, 20);
+    let gap = [(0u64, 11u64), (13, 23)];
+    let damaged = [
+        // Held [0, 20), ring rows from 9: four more than the window's 7.
+        cell_crafted(&blob, &[(0, 20)], &(9..20).collect::<Vec<_>>()),
+        // Held with a gap, ring rows reaching across it down to 10.
+        cell_crafted(&blob, &gap, &[10, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]),
+        // Held [0, 20), ring rows 13..20 with 16 missing.
+        cell_crafted(&blob, &[(0, 20)], &[13, 14, 15, 17, 18, 19]),
+    ];
+    // Nearly full (26 cells, 20 taken) and roomy targets refuse it alike.
+    for n_cells in [26, 64] {
+        let mut to = KvCellCache::new(mixed.clone(), n_cells, 4).unwrap();
+        if n_cells == 26 {
+            to.load_seq(&blob).unwrap();
+        }
+        let before = cell_state(&to);
+        for d in &damaged {
+            match to.load_seq(d) {
+                Err(CacheError::Snapshot(m)) => assert!(m.contains("not the held tail"), "{m}"),
+                other => panic!("expected a Snapshot error, got {other:?}"),
+            }
+            assert!(
+                cell_state(&to) == before,
+                "a refused load_seq changed the cache"
+            );
+        }
+    }
+    // The same gapped sequence carrying exactly its tail is intact: no room
+    // when nearly full, loaded when there is.
+    let intact = cell_crafted(&blob, &gap, &(16..23).collect::<Vec<_>>());
+    let mut full = KvCellCache::new(mixed.clone(), 26, 4).unwrap();
+    full.load_seq(&blob).unwrap();
+    let before = cell_state(&full);
+    assert!(matches!(
+        full.load_seq(&intact),
+        Err(CacheError::OutOfCapacity(_))
+    ));
+    assert!(cell_state(&full) == before);
+    let mut roomy = KvCellCache::new(mixed, 64, 4).unwrap();
+    let s = roomy.load_seq(&intact).unwrap();
+    assert_eq!(
+        roomy.cells().held_ranges(s, usize::MAX).unwrap(),
+        [(0, 11), (13, 23)]
+    );
+}

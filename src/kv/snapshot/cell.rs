@@ -241,11 +241,14 @@ impl KvCellCache {
                 let keep = cells.ring_keep().unwrap_or(0);
                 let lo = next.saturating_sub(cells.ring_window().saturating_sub(1));
                 let first = ring.first().copied().unwrap_or(next);
-                // The ring rows are the top of the held positions (a suffix)
-                // and reach down to every held position the next step needs.
+                // The ring rows are exactly the held positions the next step
+                // needs (a suffix of the held ones, from `lo`), as `save_seq`
+                // writes them: more rows than that, or a hole, is damage
+                // whatever the room, so a shared store deletes such a value
+                // rather than keeping it as a miss for a larger cache.
                 if ring.len() > keep
                     || count_from(&held, first) != ring.len()
-                    || count_from(&held, lo) > ring.len()
+                    || count_from(&held, lo) != ring.len()
                     || !ring.iter().all(|&q| held_contains(&held, q))
                 {
                     return Err(snap_err(format!(
