@@ -278,6 +278,17 @@ def summarise(res: dict) -> dict:
                     x["text"] == b["text"] for x, b in zip(runs, base, strict=True)
                 ),
             }
+        # llama-server's best speculating mode (by its median), and offgraph-kv's speculating
+        # server against it round by round.
+        modes = [n for n in rows if n.startswith("llama --spec-type")]
+        if modes and "okv --spec ngram" in by:
+            best = max(modes, key=lambda n: rows[n]["tok_per_s"])
+            pairs = [
+                ratio(x["rate"], b["rate"])
+                for x, b in zip(by["okv --spec ngram"], by[best], strict=True)
+            ]
+            rows["okv --spec ngram"]["best_llama"] = best
+            rows["okv --spec ngram"]["vs_best_llama"] = statistics.median(pairs)
         out[load] = rows
     return out
 
@@ -295,6 +306,11 @@ def table(summary: dict) -> str:
                 f"| {load} | {name} | {r['tok_per_s']:.1f} | {r['vs_okv']:.2f}x | {acc} "
                 f"| {r['tokens']:.0f} | {'yes' if r['same_text_as_okv'] else 'no'} |"
             )
+            if "vs_best_llama" in r:
+                lines.append(
+                    f"| {load} | okv --spec ngram / {r['best_llama']} | | "
+                    f"{r['vs_best_llama']:.2f}x | | | |"
+                )
     return "\n".join(lines)
 
 
@@ -425,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
                 for p in servers.values():
                     p.stop()
             result["one_stream"] = summarise(res)
+            result["rates"] = {
+                load: {n: [x["rate"] for x in runs] for n, runs in by.items()}
+                for load, by in res.items()
+            }
             result["flags"] = {n: " ".join(p.cmd[3:]) for n, p in servers.items()}
             print(table(result["one_stream"]))
         if args.step_cost:
