@@ -17,8 +17,10 @@ pub mod ggml_type;
 pub mod gguf;
 pub mod model;
 pub mod quant;
+pub mod spec;
 pub mod tokenizer;
 
 pub use error::{EngineError, Result};
 pub use ggml_type::GgmlType;
 pub use model::{Arch, ChatDefaults, Family, Model, ModelConfig};
+pub use spec::{Source, SpecStats, Speculator, Stream};
