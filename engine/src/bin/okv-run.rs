@@ -1,19 +1,23 @@
 //! okv-run: prompt in, text out, over a GGUF model on the native engine.
 //!
 //! `okv-run MODEL.gguf -p PROMPT [-n N] [--threads N] [--kv-dtype D] [--chat]
-//! [--temp T] [--seed S] [--no-repack]`. Greedy unless `--temp` is above 0. The text streams
-//! to stdout as whole UTF-8 characters; the prefill and decode rates go to
-//! stderr. Bad arguments print the usage and exit 2; a model or cache error
+//! [--temp T] [--seed S] [--no-repack] [--spec ngram|DRAFT.gguf] [--spec-max K]`.
+//! Greedy unless `--temp` is above 0. The text streams to stdout as whole
+//! UTF-8 characters; the prefill and decode rates (and with `--spec` the
+//! drafted and accepted tokens) go to stderr. Bad arguments print the usage
+//! and exit 2; a model or cache error (a draft model of another vocabulary)
 //! exits 1.
 
 use offgraph_kv::KvDtype;
 use offgraph_kv_engine::model::OpenOptions;
-use offgraph_kv_engine::{Model, Result};
+use offgraph_kv_engine::spec::{DraftModel, Ngram, Sampling};
+use offgraph_kv_engine::{Model, Result, Source, SpecStats, Speculator};
 use std::io::Write;
 use std::time::Instant;
 
 const USAGE: &str = "usage: okv-run MODEL.gguf -p PROMPT [-n N] [--threads N] \
-[--kv-dtype float32|float16|bfloat16|q8_0] [--chat] [--temp T] [--seed S] [--no-repack]
+[--kv-dtype float32|float16|bfloat16|q8_0] [--chat] [--temp T] [--seed S] [--no-repack] \
+[--spec ngram|DRAFT.gguf] [--spec-max K]
 
   -p, --prompt TEXT   the prompt (required)
   -n N                tokens to generate (default 64)
@@ -22,7 +26,10 @@ const USAGE: &str = "usage: okv-run MODEL.gguf -p PROMPT [-n N] [--threads N] \
   --chat              wrap the prompt in the model's chat format
   --temp T            sample at temperature T (default 0: greedy)
   --seed S            sampling seed (default 0)
-  --no-repack         read the weights in the file's layout (no copy at open)";
+  --no-repack         read the weights in the file's layout (no copy at open)
+  --spec SRC          speculative decoding: drafts from prompt lookup (ngram)
+                      or a draft model of the same vocabulary (a GGUF path)
+  --spec-max K        longest draft (default 8)";
 
 /// What `parse_args` returns for `--help` (usage on stdout, exit 0).
 const HELP: &str = "help";
@@ -41,6 +48,8 @@ struct Args {
     temp: f32,
     seed: u64,
     repack: bool,
+    spec: Option<String>,
+    spec_max: usize,
 }
 
 fn parse_args(argv: &[String]) -> std::result::Result<Args, String> {
@@ -56,6 +65,8 @@ fn parse_args(argv: &[String]) -> std::result::Result<Args, String> {
         temp: 0.0,
         seed: 0,
         repack: true,
+        spec: None,
+        spec_max: 8,
     };
     let mut it = argv.iter();
     while let Some(arg) = it.next() {
@@ -88,6 +99,14 @@ fn parse_args(argv: &[String]) -> std::result::Result<Args, String> {
             }
             "--seed" => a.seed = number(arg, &value(arg)?)?,
             "--no-repack" => a.repack = false,
+            "--spec" => a.spec = Some(value(arg)?),
+            "--spec-max" => {
+                let k: usize = number(arg, &value(arg)?)?;
+                if k == 0 {
+                    return Err("--spec-max: expected at least 1, got 0".into());
+                }
+                a.spec_max = k;
+            }
             "-h" | "--help" => return Err(HELP.into()),
             s if s.starts_with('-') => return Err(format!("unknown option {s:?}")),
             s => {
@@ -222,10 +241,16 @@ fn run(a: &Args) -> Result<()> {
         .chain(turn_ends.map(|p| tok.token_id(p)))
         .flatten()
         .collect();
-    let max_step = ids.len().clamp(1, PREFILL_CHUNK);
-    let n_cells = ids.len() + a.n.max(1);
+    // A verification step scores the pending token and up to K drafts.
+    let spec_step = if a.spec.is_some() { a.spec_max + 1 } else { 1 };
+    let max_step = ids.len().clamp(1, PREFILL_CHUNK).max(spec_step);
+    let n_cells = ids.len() + a.n.max(1) + spec_step;
     let mut kc = model.new_cache(n_cells, 1, max_step, a.kv_dtype, a.kv_dtype)?;
     let seq = kc.cells_mut().seq_new()?;
+    let mut spec = match &a.spec {
+        Some(src) => Some(speculator(a, &model, src, n_cells, max_step)?),
+        None => None,
+    };
 
     let t0 = Instant::now();
     let mut logits = Vec::new();
@@ -243,24 +268,44 @@ fn run(a: &Args) -> Result<()> {
 
     let mut rng = Rng(a.seed);
     let (mut pending, mut stdout) = (Vec::new(), std::io::stdout().lock());
-    let (mut decoded, mut pos) = (0usize, ids.len());
-    let t1 = Instant::now();
-    for i in 0..a.n {
-        let next = pick(&logits, a.temp, &mut rng);
-        if stops.contains(&next) {
-            break;
-        }
-        if !tok.is_special(next) {
-            pending.extend_from_slice(&tok.token_bytes(next)?);
+    let mut emit = |id: u32| -> Result<()> {
+        if !tok.is_special(id) {
+            pending.extend_from_slice(&tok.token_bytes(id)?);
             flush_utf8(&mut pending, &mut stdout)
                 .map_err(|e| offgraph_kv_engine::EngineError::Io(e.to_string()))?;
         }
-        if i + 1 == a.n {
-            break;
+        Ok(())
+    };
+    let mut decoded = 0usize;
+    let t1 = Instant::now();
+    if a.n > 0 {
+        let first = pick(&logits, a.temp, &mut rng);
+        if !stops.contains(&first) {
+            emit(first)?;
+            decoded = match spec.as_mut() {
+                Some(sp) => {
+                    let mut toks = ids.clone();
+                    toks.push(first);
+                    let stream = sp.stream(&kc, seq, toks, a.seed)?;
+                    decode_spec(&model, &mut kc, sp, stream, a.n - 1, &stops, &mut emit)?
+                }
+                None => {
+                    let mut next = first;
+                    let mut n = 0;
+                    for i in 1..a.n {
+                        logits =
+                            model.forward(&mut kc, &[next], &[seq], &[ids.len() + i - 1], &[0])?;
+                        n += 1;
+                        next = pick(&logits, a.temp, &mut rng);
+                        if stops.contains(&next) {
+                            break;
+                        }
+                        emit(next)?;
+                    }
+                    n
+                }
+            };
         }
-        logits = model.forward(&mut kc, &[next], &[seq], &[pos], &[0])?;
-        pos += 1;
-        decoded += 1;
     }
     let decode_s = t1.elapsed().as_secs_f64();
     if !pending.is_empty() {
@@ -276,7 +321,80 @@ fn run(a: &Args) -> Result<()> {
         decoded,
         rate(decoded, decode_s)
     );
+    if let Some(sp) = &spec {
+        print_spec_stats(&sp.stats());
+    }
     Ok(())
+}
+
+/// The speculator `--spec` names: prompt lookup, or a draft model (refused
+/// when its vocabulary is not the target's).
+fn speculator(
+    a: &Args,
+    model: &Model,
+    src: &str,
+    n_cells: usize,
+    max_step: usize,
+) -> Result<Speculator> {
+    let source = if src == "ngram" {
+        Source::Ngram(Ngram::default())
+    } else {
+        let opts = OpenOptions {
+            repack: a.repack && OpenOptions::from_env().repack,
+        };
+        let mut draft = Model::open_with(src, opts)?;
+        draft.set_threads(model.threads());
+        let dm = DraftModel::new(draft, model, n_cells, 1, max_step, a.kv_dtype)?;
+        Source::Model(Box::new(dm))
+    };
+    let sampling = if a.temp > 0.0 {
+        Sampling::Temperature(a.temp)
+    } else {
+        Sampling::Greedy
+    };
+    Speculator::new(source, sampling, a.spec_max)
+}
+
+/// Up to `n` more tokens by speculative steps, each passed to `emit` until a
+/// stop token; the tokens produced.
+fn decode_spec(
+    model: &Model,
+    kc: &mut offgraph_kv::KvCellCache,
+    sp: &mut Speculator,
+    stream: offgraph_kv_engine::Stream,
+    n: usize,
+    stops: &[u32],
+    emit: &mut impl FnMut(u32) -> Result<()>,
+) -> Result<usize> {
+    let mut streams = [stream];
+    let mut done = 0usize;
+    while done < n {
+        streams[0].set_remaining(Some(n - done));
+        let new = sp.step(model, kc, &mut streams)?;
+        for &id in new.iter().flatten().take(n - done) {
+            done += 1;
+            if stops.contains(&id) {
+                return Ok(done);
+            }
+            emit(id)?;
+        }
+    }
+    Ok(done)
+}
+
+fn print_spec_stats(st: &SpecStats) {
+    eprintln!(
+        "speculation: {} steps, drafted {} tokens, accepted {} ({:.1}%), {:.2} tokens per step",
+        st.steps,
+        st.drafted,
+        st.accepted,
+        100.0 * st.acceptance(),
+        if st.steps > 0 {
+            st.emitted as f64 / st.steps as f64
+        } else {
+            0.0
+        }
+    );
 }
 
 fn main() {
