@@ -6,12 +6,19 @@
 //! ```text
 //! okv-bench model.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128]
 //!                      [--reps 3] [--ubatch 512] [--kv-dtype float32] [--no-repack]
+//!                      [--verify K]
 //! okv-bench --floor 2048 [--threads 1,2] [--reps 3]
 //! ```
 //! Each thread count and depth first runs one untimed token (as llama-bench
 //! warms up). One JSON object per line on stdout: each test's rates per repetition and
 //! their median, then the process's peak resident memory, the file's size and
 //! the pools' bytes.
+//!
+//! `--verify K` also times a speculative verification step at each depth: one
+//! step scoring K + 1 tokens of a sequence with logits for every row, against
+//! a one-token step, alternated in pairs; the line gives both steps' median
+//! milliseconds and their ratio (a step that reads the weights once costs
+//! little more than one token).
 //!
 //! `--floor MIB` measures the read floor instead: a streaming read of a
 //! buffer of MIB MiB (far past the last-level cache) with the widest vector
@@ -37,9 +44,10 @@ struct Args {
     ubatch: usize,
     kv_dtype: KvDtype,
     repack: bool,
+    verify: usize,
 }
 
-const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128] [--reps 3] [--ubatch 512] [--kv-dtype float32] [--no-repack]\n       okv-bench --floor MIB [--threads 1,2] [--reps 3]";
+const USAGE: &str = "usage: okv-bench MODEL.gguf [--threads 1,2] [--depth 0,4096] [--pp 512] [--tg 128] [--reps 3] [--ubatch 512] [--kv-dtype float32] [--no-repack] [--verify K]\n       okv-bench --floor MIB [--threads 1,2] [--reps 3]";
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
     v.split(',')
@@ -69,6 +77,7 @@ fn parse() -> Result<Args, String> {
         ubatch: 512,
         kv_dtype: KvDtype::Float32,
         repack: true,
+        verify: 0,
     };
     while let Some(arg) = it.next() {
         let mut val = |flag: &str| it.next().ok_or_else(|| format!("{flag}: expected a value"));
@@ -84,6 +93,7 @@ fn parse() -> Result<Args, String> {
                 a.kv_dtype = KvDtype::parse(&val("--kv-dtype")?).map_err(|e| e.to_string())?
             }
             "--no-repack" => a.repack = false,
+            "--verify" => a.verify = one(&val("--verify")?, "--verify")?,
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown flag {s:?}")),
             s if a.path.is_empty() => a.path = s.to_owned(),
@@ -102,8 +112,14 @@ fn parse() -> Result<Args, String> {
     if a.path.is_empty() {
         return Err("no model file given".into());
     }
-    if a.threads.contains(&0) || a.reps == 0 || a.ubatch == 0 || (a.pp == 0 && a.tg == 0) {
-        return Err("--threads, --reps and --ubatch must be >= 1, and one of --pp/--tg".into());
+    if a.threads.contains(&0)
+        || a.reps == 0
+        || a.ubatch == 0
+        || (a.pp == 0 && a.tg == 0 && a.verify == 0)
+    {
+        return Err(
+            "--threads, --reps and --ubatch must be >= 1, and one of --pp/--tg/--verify".into(),
+        );
     }
     Ok(a)
 }
@@ -170,8 +186,8 @@ fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
     let open_rss = rss_kib("VmRSS:").unwrap_or(0);
     let vocab = model.config().vocab;
     let max_depth = a.depths.iter().copied().max().unwrap_or(0);
-    let n_cells = max_depth + a.pp.max(a.tg) + 1;
-    let step = a.ubatch.min(a.pp.max(1)).max(1);
+    let n_cells = max_depth + a.pp.max(a.tg).max(a.verify) + 1;
+    let step = a.ubatch.min(a.pp.max(1)).max(a.verify + 1);
     let mut kc = model.new_cache(n_cells, 4, step, a.kv_dtype, a.kv_dtype)?;
     let mut pool_bytes = 0usize;
     for &threads in &a.threads {
@@ -211,6 +227,9 @@ fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
                     each.join(", ")
                 );
             }
+            if a.verify > 0 {
+                verify_cost(&model, &mut kc, seq, depth, a)?;
+            }
         }
     }
     let file = std::fs::metadata(&a.path).map(|m| m.len()).unwrap_or(0);
@@ -220,6 +239,57 @@ fn run(a: &Args) -> offgraph_kv_engine::Result<()> {
         kc.reserved_bytes(),
         rss_kib("VmRSS:").unwrap_or(0),
         model.packed_bytes()
+    );
+    Ok(())
+}
+
+/// Timed pairs per repetition of `--verify`.
+const PAIRS: usize = 4;
+
+/// One JSON line: a step verifying `a.verify` drafted tokens (K + 1 rows
+/// scored) against a one-token step, both at `depth` of `seq`.
+fn verify_cost(
+    m: &Model,
+    kc: &mut offgraph_kv::KvCellCache,
+    seq: SeqId,
+    depth: usize,
+    a: &Args,
+) -> offgraph_kv_engine::Result<()> {
+    let vocab = m.config().vocab;
+    let k1 = a.verify + 1;
+    let pos: Vec<usize> = (depth..depth + k1).collect();
+    let rows: Vec<usize> = (0..k1).collect();
+    let (mut one, mut many) = (Vec::new(), Vec::new());
+    for rep in 0..a.reps {
+        let ids = tokens(k1, vocab, 23 + rep as u64);
+        let (mut t_one, mut t_many) = (0.0, 0.0);
+        for _ in 0..PAIRS {
+            let t0 = Instant::now();
+            m.forward(kc, &ids[..1], &[seq], &[depth], &[0])?;
+            t_one += t0.elapsed().as_secs_f64();
+            kc.cells_mut().seq_rm(seq, depth, None)?;
+            let t0 = Instant::now();
+            m.forward(kc, &ids, &vec![seq; k1], &pos, &rows)?;
+            t_many += t0.elapsed().as_secs_f64();
+            kc.cells_mut().seq_rm(seq, depth, None)?;
+        }
+        one.push(t_one * 1e3 / PAIRS as f64);
+        many.push(t_many * 1e3 / PAIRS as f64);
+    }
+    let fmt = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (e1, ek) = (fmt(&one), fmt(&many));
+    let (m1, mk) = (median(&mut one), median(&mut many));
+    println!(
+        "{{\"test\": \"verify{}\", \"depth\": {depth}, \"threads\": {}, \"kv_dtype\": \"{}\", \"one_token_ms\": [{e1}], \"verify_ms\": [{ek}], \"one_token_median_ms\": {m1:.2}, \"verify_median_ms\": {mk:.2}, \"ratio\": {:.3}}}",
+        a.verify,
+        m.threads(),
+        a.kv_dtype.name(),
+        mk / m1
     );
     Ok(())
 }
