@@ -1,6 +1,7 @@
 """Values the core refuses for their contents (checksums recomputed, flags claiming complete)
 are deleted and the store heals: a sequence chunk whose ring layer carries more positions than
-its slots, a cell chunk whose ring positions are shifted, a value whose flags lie."""
+its slots, a cell chunk whose ring positions are shifted or reach below the tail the next step
+needs (deleted also where the cache has no room for it), a value whose flags lie."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from offgraph_kv.store import MemoryBackend, PrefixStore, StoreWarning
 from offgraph_kv.store.format import KIND_CELL, KIND_SEQ, decode_value, encode_value, tokens_bytes
 
-from .test_store_cells import cell_cache, fill, tokens
+from .test_store_cells import cell_cache, fill, state, tokens
 from .test_store_prefix import D, H, prompt, rows
 
 HEADER, PRINT = 16, 27
@@ -146,3 +147,36 @@ def test_a_value_whose_flags_claim_complete_is_deleted_on_load_and_healed():
     ref = okv.KvSequenceCache(config())
     prefill(ref, toks[:24])
     assert b.save_state() == ref.save_state()
+
+
+def test_a_cell_chunk_with_ring_rows_below_the_tail_is_damage_even_in_a_full_cache():
+    # A shared store holds values other processes wrote: ring rows from 9 where the next step
+    # needs them from 17 are damage whatever the room, so the value is deleted, not kept as a
+    # miss for a cache with more free cells; the nearly full cache is left as it was.
+    backend = MemoryBackend(1 << 24)
+    store = PrefixStore(backend, chunk_tokens=8, model="toy")
+    toks = tokens(30, 7)
+    fill(cell_cache(), toks, store)
+    keys = sorted(backend._data, key=lambda k: len(backend._data[k]))  # chunk 0, 1, 2
+    (snap,) = decode_value(backend._data[keys[2]], KIND_CELL, 0, 24, tokens_bytes(toks[:24]), 1)
+    # After the prints: n_ranges u32, [0, 24), n_ring u32, ring positions; then each layer's
+    # rows (layer 0 the ring layer: a row per ring position; layer 1 flat: 24). Zero rows.
+    ring_at = HEADER + 2 * PRINT + 4 + 16
+    ring = list(range(9, 24))
+    body = bytes(snap[:ring_at]) + struct.pack(f"<I{len(ring)}Q", len(ring), *ring)
+    body += bytes((len(ring) + 24) * 2 * 16 * 4 * 2)
+    wide = with_crc(body)
+    roomy = cell_cache()
+    with pytest.raises(okv.SnapshotError, match="not the held tail"):
+        roomy.load_seq(wide)
+    backend._data[keys[2]] = encode_value(KIND_CELL, 0, 24, toks[:24], [wide], True)
+    full = cell_cache()
+    fill(full, tokens(120, 3))  # 8 cells free: neither chunk 2 nor chunk 1 fits
+    before = state(full)
+    with pytest.warns(StoreWarning) as said:
+        assert store.load_seq(full, toks) == (None, 0)
+    said = [str(w.message) for w in said]
+    assert "chunk 2 is damaged" in said[0] and "not the held tail" in said[0], said
+    assert "chunk 1 refused (CapacityError" in said[1], said  # intact: no room, kept
+    assert state(full) == before
+    assert keys[2] not in backend._data and keys[1] in backend._data
