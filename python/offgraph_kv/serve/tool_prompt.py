@@ -289,10 +289,11 @@ def call_grammar(
     if not lazy:
         first = "call" if syntax == "hermes" else f"{lit(opener)} {rest}"
         return "\n".join(r for r in [f"start: {first}{more}", one, body, *rules] if r)
-    if opener in markers:  # a special token: text (which cannot hold one) ends where it comes
-        head = f"head: TEXT {lit(opener)}"
-    else:  # text: the shortest text that ends with the opener (llguidance's lazy lexeme)
-        head = f"head[lazy]: TEXT {json.dumps(opener)}"
+    # Written as text, the opener ends the shortest text that holds it (llguidance's lazy
+    # lexeme); as a special token (which no text holds), the text ends where it comes. A
+    # marker token that is not special is text too, so the lazy form covers it.
+    head = f"head: TEXT {lit(opener)} | head_text" if opener in markers else "head: head_text"
+    head += f"\nhead_text[lazy]: TEXT {json.dumps(opener)}"
     start = f"start: TEXT | head {rest}{more}"
     return "\n".join(r for r in [start, head, _TEXT, one, body, *rules] if r)
 
