@@ -2,14 +2,16 @@
 //! outputs are bit-identical to the same weight read in place (the 32-value
 //! types), for every token count and thread count with rows left over; a
 //! token's outputs do not depend on the batch it runs in (every packed type);
-//! other paths ignore the packed copy; bad packed buffers are refused.
+//! other paths ignore the packed copy; bad packed buffers are refused; a
+//! model packed at open on several threads holds the same bytes as on one.
 
 mod common;
 
+use offgraph_kv_engine::model::OpenOptions;
 use offgraph_kv_engine::quant::{
     active_isa, matmul, matmul_with_isa, pack, packed_len, QMatrix, QuantIsa, LANES,
 };
-use offgraph_kv_engine::{EngineError, GgmlType};
+use offgraph_kv_engine::{EngineError, GgmlType, Model};
 
 const Q32: [GgmlType; 4] = [
     GgmlType::Q4_0,
@@ -166,6 +168,14 @@ fn bad_packed_buffers_are_refused() {
     assert_eq!(kind(pack(&w, &mut out)), Some("InvalidArgument"));
     assert!(out.iter().all(|&b| b == 7), "a refused pack writes nothing");
     assert_eq!(kind(w.with_packed(&out)), Some("InvalidArgument"));
+    // The super-block types' output length is checked at the same boundary.
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let data = weight(ty, rows, 256, 10);
+        let wk = QMatrix::new(ty, rows, 256, &data).unwrap();
+        let mut out = vec![7u8; packed_len(ty, rows, 256).unwrap_or(64) + 1];
+        assert_eq!(kind(pack(&wk, &mut out)), Some("InvalidArgument"));
+        assert!(out.iter().all(|&b| b == 7), "a refused {ty:?} pack writes");
+    }
     // A type without a packed layout.
     let f = vec![0u8; rows * cols * 4];
     let wf = QMatrix::new(GgmlType::F32, rows, cols, &f).unwrap();
@@ -188,4 +198,28 @@ fn bad_packed_buffers_are_refused() {
     assert!(o.iter().all(|&v| v == 1.0));
     // Fewer rows than a group: nothing to pack.
     assert!(packed_len(GgmlType::Q4_0, LANES - 1, cols).is_none());
+}
+
+#[test]
+fn packing_at_open_on_many_threads_gives_the_one_thread_bytes() {
+    let path = common::smollm2_gguf();
+    let opts = OpenOptions { repack: true };
+    let open = |threads| {
+        Model::open_with_threads(&path, opts, threads)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let one = open(1);
+    // More workers than cores and than the largest jobs: every way of
+    // sharing the tensors out must write the same ranges.
+    let many = open(3);
+    assert_eq!(many.threads(), 3);
+    let (a, b) = (one.packed_weights(), many.packed_weights());
+    // SmolLM2-135M is Q4_1: packed wherever the VNNI kernels run.
+    assert_eq!(a.is_empty(), !vnni());
+    assert_eq!(a.len(), b.len());
+    for ((na, pa), (nb, pb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        assert!(pa == pb, "tensor {na:?}: packed bytes differ");
+    }
+    assert_eq!(one.packed_bytes(), many.packed_bytes());
 }

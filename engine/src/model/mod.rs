@@ -86,6 +86,19 @@ impl Model {
 
     /// [`Model::open`] with explicit options (the environment is not read).
     pub fn open_with(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Model> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::open_with_threads(path, opts, threads)
+    }
+
+    /// [`Model::open_with`] on `threads` threads (at least 1): they pack the
+    /// weights, and the model runs on them ([`Model::set_threads`]). The
+    /// packed bytes are the same for any number.
+    pub fn open_with_threads(
+        path: impl AsRef<Path>,
+        opts: OpenOptions,
+        threads: usize,
+    ) -> Result<Model> {
+        let threads = threads.max(1);
         let mut file = GgufFile::open(path)?;
         let arch = Arch::parse(file.architecture()?)?;
         let vocab = Weights::vocab_of(&file)?;
@@ -95,12 +108,11 @@ impl Model {
         let mut weights = Weights::load(&file, &cfg)?;
         let tokenizer = Tokenizer::from_metadata(&meta)?;
         let packed_bytes = if opts.repack {
-            weights.repack(&file)?
+            weights.repack(&file, threads)?
         } else {
             0
         };
         drop(meta);
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Model {
             file,
             cfg,
@@ -117,6 +129,12 @@ impl Model {
     /// CPU whose kernels read the file's layout).
     pub fn packed_bytes(&self) -> usize {
         self.packed_bytes
+    }
+
+    /// Each packed matrix's tensor name and packed bytes, in the forward's
+    /// order (a fused tensor's parts one after the other).
+    pub fn packed_weights(&self) -> Vec<(&str, &[u8])> {
+        self.weights.packed_parts()
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -13,6 +13,8 @@
 //! packed, so resident memory stays about the file's size. Norm vectors are
 //! decoded to f32 once (a few KB).
 
+mod pack;
+
 use super::config::{ModelConfig, QkNorm};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
@@ -216,10 +218,10 @@ impl Weights {
     }
 
     /// Packs every matrix the kernels read packed (all but the embedding's
-    /// lookups) into one anonymous mapping, dropping each packed tensor's
-    /// file pages after it; returns the packed bytes (0 when the path packs
-    /// nothing).
-    pub fn repack(&mut self, file: &GgufFile) -> Result<usize> {
+    /// lookups) into one anonymous mapping on `threads` threads, dropping
+    /// each packed tensor's file pages after it; returns the packed bytes (0
+    /// when the path packs nothing). The bytes do not depend on `threads`.
+    pub fn repack(&mut self, file: &GgufFile, threads: usize) -> Result<usize> {
         let mut mats: Vec<&mut MatRef> = Vec::new();
         for l in &mut self.layers {
             mats.extend([
@@ -259,28 +261,11 @@ impl Weights {
             let _ = map.advise(memmap2::Advice::HugePage);
         }
         let base = (map.as_ptr() as usize).next_multiple_of(PACK_ALIGN) - map.as_ptr() as usize;
-        for (i, (m, &(off, len))) in mats.iter().zip(&at).enumerate() {
-            if len > 0 {
-                let out = map
-                    .get_mut(base + off..base + off + len)
-                    .ok_or_else(|| EngineError::Model("packed weights: out of range".into()))?;
-                quant::pack(&Self::matrix(file, m)?, out)
-                    .map_err(|e| EngineError::Model(format!("tensor {:?}: {e}", m.name)))?;
-            }
-            // A fused tensor's parts come one after the other: its pages go
-            // once the last part is packed.
-            let last = mats.get(i + 1).is_none_or(|n| n.name != m.name);
-            let packed_any = at
-                .iter()
-                .take(i + 1)
-                .zip(&mats)
-                .rev()
-                .take_while(|(_, p)| p.name == m.name)
-                .any(|(&(_, l), _)| l > 0);
-            if last && packed_any {
-                file.release_tensor(&m.name);
-            }
-        }
+        let out = map
+            .get_mut(base..base + total)
+            .ok_or_else(|| EngineError::Model("packed weights: out of range".into()))?;
+        let shared: Vec<&MatRef> = mats.iter().map(|m| &**m).collect();
+        pack::run(file, pack::jobs(&shared, &at, out)?, threads)?;
         let map = Arc::new(map.make_read_only().map_err(|e| io("protect", e))?);
         for (m, &(off, len)) in mats.into_iter().zip(&at) {
             if len > 0 {
@@ -292,6 +277,18 @@ impl Weights {
             }
         }
         Ok(at.iter().map(|&(_, l)| l).sum())
+    }
+
+    /// Each packed matrix's name and packed bytes, in the forward's order.
+    pub fn packed_parts(&self) -> Vec<(&str, &[u8])> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
+        layers
+            .chain([&self.output])
+            .filter_map(|m| Some((m.name.as_str(), m.packed.as_ref()?.bytes()?)))
+            .collect()
     }
 
     /// A view of `m`'s bytes in the mapping, with its packed groups when
