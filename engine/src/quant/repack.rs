@@ -28,7 +28,9 @@ pub(super) fn group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
 }
 
 /// Packs `LANES` consecutive stored rows (`rows`: `LANES * rb` bytes) into
-/// `out` (exactly [`group_bytes`] long); `None` on a length mismatch.
+/// `out` (exactly [`group_bytes`] long). The lengths are checked once, by
+/// `quant::pack`; here a mismatch only stops at the first access out of
+/// range (`None`).
 pub(super) fn pack(
     ty: GgmlType,
     rows: &[u8],
@@ -41,7 +43,7 @@ pub(super) fn pack(
             q32::pack(ty, rows, rb, cols, out)
         }
         #[cfg(target_arch = "x86_64")]
-        GgmlType::Q4_K | GgmlType::Q6_K => super::lanes_k::pack(ty, rows, rb, cols, out),
+        GgmlType::Q4_K | GgmlType::Q6_K => super::lanes_k::pack(ty, rows, rb, out),
         _ => None,
     }
 }
@@ -139,13 +141,6 @@ pub(super) mod q32 {
         out: &mut [u8],
     ) -> Option<()> {
         let k = code(ty)?;
-        let gb = group_bytes(ty, cols)?;
-        if ty.row_bytes(cols as u64).ok()? != rb as u64
-            || rows.len() != LANES.checked_mul(rb)?
-            || out.len() != gb
-        {
-            return None;
-        }
         let blocks = cols / 32;
         let bb = rb / blocks;
         let (qb, hb, sb) = (quant_bytes(k), high_bytes(k), scale_bytes(k));
