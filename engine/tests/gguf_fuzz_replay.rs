@@ -4,9 +4,11 @@
 //! through the same checker (`tests/gguf_fuzz/mod.rs`), so CI covers the
 //! parser's no-panic promise without nightly.
 
+mod common;
 mod gguf_fuzz;
 mod gguf_writer;
 
+use common::Rng;
 use gguf_writer::{small_valid, GgufBuilder, TensorSpec};
 use offgraph_kv_engine::gguf::Value;
 use std::collections::BTreeMap;
@@ -74,23 +76,6 @@ fn corpus_replays_clean() {
         }
     }
     println!("gguf corpus: {} inputs, {ok} parse", files.len());
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
 }
 
 const INTERESTING: [u64; 10] = [0, 1, 2, 3, 4, 31, 32, 0x8000_0000, u64::MAX, u64::MAX / 2];

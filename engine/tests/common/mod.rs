@@ -44,7 +44,8 @@ pub fn byte_alphabet() -> Vec<String> {
     tokens
 }
 
-/// A splitmix64 stream: the seeded random data of the matmul tests.
+/// A splitmix64 stream: the seeded random data of the matmul tests and the
+/// fuzz replay's mutations.
 pub struct Rng(pub u64);
 
 impl Rng {
@@ -54,6 +55,11 @@ impl Rng {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+
+    /// Below `n` (0 for `n == 0`); the modulo's bias does not matter here.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
     }
 
     /// Uniform in [-1, 1).
