@@ -12,7 +12,9 @@ resident memory. Targets against llama-server (``-np 16 --cont-batching``): thro
 TTFT p50 <= 0.5x and p99 <= 0.2x, inter-token p50 <= 1.0x, single-stream decode >= 1.0x.
 
 llama.cpp is not vendored: build ``llama-server`` as ``bench_engine.py`` says and pass
-``--llama-server PATH``.
+``--llama-server PATH``. It runs with ``OMP_WAIT_POLICY=passive`` (unless set) and ``--poll 0``
+(``--llama-extra``): on a loaded machine its spinning threads otherwise starve each other
+(measured: ~30 prompt tokens/s on SmolLM2 with 16 slots while other jobs ran).
 
     python benches/bench_serve.py --llama-server PATH            # native, torch path, llama-server
     python benches/bench_serve.py --servers okv,llama --llama-server PATH
@@ -313,8 +315,15 @@ def run_one(
             raise SystemExit("--servers llama needs --llama-server PATH")
         slots = args.concurrency
         per_slot = args.system_tokens + 64 + args.new_tokens + 64
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
         proc = llama_server(
-            args.llama_server, args.model, args.threads, slots * per_slot, slots, log
+            args.llama_server,
+            args.model,
+            args.threads,
+            slots * per_slot,
+            slots,
+            log,
+            args.llama_extra.split(),
         )
         flags = llama_flags(proc)
     else:
@@ -356,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="gemma-3-270m")
     ap.add_argument("--servers", default="okv,okv-torch,llama", help=f"of {','.join(NAMES)}")
     ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server executable")
+    ap.add_argument(
+        "--llama-extra",
+        default="--poll 0",
+        help="more llama-server flags (default --poll 0: its waiting threads sleep rather than "
+        "spin, which a shared, loaded machine needs)",
+    )
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--system-tokens", type=int, default=1024)
