@@ -14,35 +14,16 @@
 
 mod common;
 
-use common::Rng;
+use common::pool::Pool;
+use common::{native_isas, Rng};
 use offgraph_kv::attention::{attend, AttendOptions, NativeIsa};
-use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
+use offgraph_kv::{AttendSpec, KeyLayout, KvDtype, MaskKind, Run, Runs};
 
 const HD: usize = 64;
 const N_KV: usize = 2;
 /// Keys of the sequence under test: positions `0..N` (a few 64-key tiles).
 const N: usize = 150;
 const SLOTS: usize = 400;
-
-/// Every native ISA this CPU runs.
-fn isas() -> Vec<NativeIsa> {
-    let mut v = vec![NativeIsa::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        let f = offgraph_kv::cpu::features();
-        if f.avx512f {
-            v.push(NativeIsa::Avx512);
-        }
-        if f.avx512f && f.avx512bw && f.avx512vnni {
-            v.push(NativeIsa::Avx512Vnni);
-        }
-        if f.avx2_fma_f16c() {
-            v.push(NativeIsa::Avx2);
-            v.push(NativeIsa::Avx2Int8);
-        }
-    }
-    v
-}
 
 /// (K, V) dtype pairs: each dtype for both, and a mixed pair.
 const DTYPES: [(KvDtype, KvDtype); 5] = [
@@ -55,54 +36,15 @@ const DTYPES: [(KvDtype, KvDtype); 5] = [
 
 /// A pool in one dtype, `[N_KV, SLOTS, HD]`: row `cell` of head `h` holds
 /// the key (value) of position `pos` where `cells[pos] == cell`, NaN elsewhere.
-struct Pool {
-    dtype: KvDtype,
-    f32s: Vec<f32>,
-    u16s: Vec<u16>,
-    bytes: Vec<u8>,
-}
-
-impl Pool {
-    fn new(dtype: KvDtype, rows: &[Vec<f32>], cells: &[usize]) -> Pool {
-        let mut values = vec![f32::NAN; N_KV * SLOTS * HD];
-        for h in 0..N_KV {
-            for (pos, &cell) in cells.iter().enumerate() {
-                let dst = (h * SLOTS + cell) * HD;
-                values[dst..dst + HD].copy_from_slice(&rows[h * N + pos]);
-            }
-        }
-        let mut bytes = vec![0u8; dtype.row_bytes(values.len())];
-        assert!(offgraph_kv::dtype::encode(dtype, &values, &mut bytes));
-        let f32s = if dtype == KvDtype::Float32 {
-            values
-        } else {
-            Vec::new()
-        };
-        let u16s = match dtype {
-            KvDtype::Float16 | KvDtype::Bfloat16 => bytes
-                .chunks(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-            _ => Vec::new(),
-        };
-        Pool {
-            dtype,
-            f32s,
-            u16s,
-            bytes,
+fn pool(dtype: KvDtype, rows: &[Vec<f32>], cells: &[usize]) -> Pool {
+    let mut values = vec![f32::NAN; N_KV * SLOTS * HD];
+    for h in 0..N_KV {
+        for (pos, &cell) in cells.iter().enumerate() {
+            let dst = (h * SLOTS + cell) * HD;
+            values[dst..dst + HD].copy_from_slice(&rows[h * N + pos]);
         }
     }
-
-    fn rows(&self) -> KvRows<'_> {
-        match self.dtype {
-            KvDtype::Float32 => KvRows::from_f32(&self.f32s),
-            KvDtype::Float16 | KvDtype::Bfloat16 => KvRows::from_u16(self.dtype, &self.u16s),
-            KvDtype::Q8_0 => KvRows {
-                dtype: KvDtype::Q8_0,
-                bytes: &self.bytes,
-            },
-        }
-    }
+    Pool::new(dtype, &values)
 }
 
 fn random_rows(rng: &mut Rng, n: usize, amp: f32) -> Vec<Vec<f32>> {
@@ -187,15 +129,15 @@ fn cell_steps_are_layout_and_batch_invariant() {
             .collect();
         let layouts = layouts(&mut rng);
         for &(kd, vd) in &DTYPES {
-            for isa in isas() {
+            for isa in native_isas() {
                 for window in [None, Some(70usize)] {
                     // (target position, query) pairs, all compared to the first layout alone.
                     for (qi, p) in [(0usize, N - 1), (1, 100), (2, 63), (3, 64)] {
                         let first = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
                         let mut want: Option<Vec<u32>> = None;
                         for (name, cells) in &layouts {
-                            let kp = Pool::new(kd, &keys, cells);
-                            let vp = Pool::new(vd, &vals, cells);
+                            let kp = pool(kd, &keys, cells);
+                            let vp = pool(vd, &vals, cells);
                             // Batches: the target alone, then among others at
                             // other positions (and other token indices).
                             let others = [(4usize, 20usize), (5, 149), (6, 7), (7, 120)];
@@ -287,13 +229,13 @@ fn sequence_steps_are_chunk_thread_and_wrap_invariant() {
             ),
         ];
         for &(kd, vd) in &DTYPES {
-            for isa in isas() {
+            for isa in native_isas() {
                 for mask in [MaskKind::Causal, MaskKind::Window(70)] {
                     for p in [N - 1, 64] {
                         let mut want: Option<Vec<u32>> = None;
                         for (name, cells, read) in &places {
-                            let kp = Pool::new(kd, &keys, cells);
-                            let vp = Pool::new(vd, &vals, cells);
+                            let kp = pool(kd, &keys, cells);
+                            let vp = pool(vd, &vals, cells);
                             // Chunks holding p: alone, and longer chunks ending at or after it.
                             for (lo, hi) in [(p, p + 1), (p - 3, p + 1), (p - 40, (p + 9).min(N))] {
                                 let positions: Vec<usize> = (lo..hi).collect();

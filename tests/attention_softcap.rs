@@ -13,87 +13,23 @@
 
 mod common;
 
-use common::{visible_rows, Rng};
+use common::pool::Pool;
+use common::{native_isas, visible_rows, Rng};
 use offgraph_kv::attention::{attend, attend_into, AttendOptions, Backend, NativeIsa};
 use offgraph_kv::{AttendSpec, CacheError, KeyLayout, KvDtype, KvRows, MaskKind, Run, Runs};
-
-/// Every native ISA this CPU runs.
-fn isas() -> Vec<NativeIsa> {
-    let mut v = vec![NativeIsa::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        let f = offgraph_kv::cpu::features();
-        if f.avx512f {
-            v.push(NativeIsa::Avx512);
-        }
-        if f.avx512f && f.avx512bw && f.avx512vnni {
-            v.push(NativeIsa::Avx512Vnni);
-        }
-        if f.avx2_fma_f16c() {
-            v.push(NativeIsa::Avx2);
-            v.push(NativeIsa::Avx2Int8);
-        }
-    }
-    v
-}
 
 /// (backend, ISA) runs of one call: every native ISA, XNNPACK where built
 /// (float32 pools only), and `auto`.
 fn variants(k: KvDtype, v: KvDtype) -> Vec<(Backend, NativeIsa)> {
-    let mut out: Vec<_> = isas().into_iter().map(|i| (Backend::Native, i)).collect();
+    let mut out: Vec<_> = native_isas()
+        .into_iter()
+        .map(|i| (Backend::Native, i))
+        .collect();
     if Backend::Xnnpack.available() && k == KvDtype::Float32 && v == KvDtype::Float32 {
         out.push((Backend::Xnnpack, NativeIsa::Auto));
     }
     out.push((Backend::Auto, NativeIsa::Auto));
     out
-}
-
-/// A pool stored in one dtype: the encoded rows and the same rows decoded
-/// (what the kernels see), NaN outside the live rows.
-struct Pool {
-    dtype: KvDtype,
-    f32s: Vec<f32>,
-    u16s: Vec<u16>,
-    bytes: Vec<u8>,
-    decoded: Vec<f32>,
-}
-
-impl Pool {
-    fn new(dtype: KvDtype, values: &[f32]) -> Pool {
-        let mut bytes = vec![0u8; dtype.row_bytes(values.len())];
-        assert!(offgraph_kv::dtype::encode(dtype, values, &mut bytes));
-        let mut decoded = vec![0f32; values.len()];
-        assert!(offgraph_kv::dtype::decode(dtype, &bytes, &mut decoded));
-        let f32s = match dtype {
-            KvDtype::Float32 => decoded.clone(),
-            _ => Vec::new(),
-        };
-        let u16s = match dtype {
-            KvDtype::Float16 | KvDtype::Bfloat16 => bytes
-                .chunks(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-            _ => Vec::new(),
-        };
-        Pool {
-            dtype,
-            f32s,
-            u16s,
-            bytes,
-            decoded,
-        }
-    }
-
-    fn rows(&self) -> KvRows<'_> {
-        match self.dtype {
-            KvDtype::Float32 => KvRows::from_f32(&self.f32s),
-            KvDtype::Float16 | KvDtype::Bfloat16 => KvRows::from_u16(self.dtype, &self.u16s),
-            KvDtype::Q8_0 => KvRows {
-                dtype: KvDtype::Q8_0,
-                bytes: &self.bytes,
-            },
-        }
-    }
 }
 
 /// f64 attention over the decoded pools with every score capped (`cap`).

@@ -1,8 +1,10 @@
-//! Shared helpers for the integration tests: a seeded PRNG (no extra deps), and
+//! Shared helpers for the integration tests: a seeded PRNG (no extra deps),
 //! the pool rows a query of an attention spec sees (what the float64
-//! references attend over).
+//! references attend over), the native ISAs this CPU runs, and pools in
+//! every KV dtype ([`pool`]).
 #![allow(dead_code)]
 
+pub mod pool;
 pub mod snap;
 
 /// splitmix64: small, fast, and good enough to drive random operation sequences.
@@ -62,4 +64,25 @@ pub fn visible_rows(spec: &offgraph_kv::AttendSpec<'_>, i: usize) -> Vec<usize> 
             .flat_map(|r| r.start..r.end())
             .collect(),
     }
+}
+
+/// Every native attention ISA this CPU runs.
+pub fn native_isas() -> Vec<offgraph_kv::attention::NativeIsa> {
+    use offgraph_kv::attention::NativeIsa;
+    let mut v = vec![NativeIsa::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = offgraph_kv::cpu::features();
+        if f.avx512f {
+            v.push(NativeIsa::Avx512);
+        }
+        if f.avx512f && f.avx512bw && f.avx512vnni {
+            v.push(NativeIsa::Avx512Vnni);
+        }
+        if f.avx2_fma_f16c() {
+            v.push(NativeIsa::Avx2);
+            v.push(NativeIsa::Avx2Int8);
+        }
+    }
+    v
 }
