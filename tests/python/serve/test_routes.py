@@ -26,7 +26,17 @@ WANT = {
     ("/v1/models", "GET"): "models",
     ("/health", "GET"): "health",
     ("/metrics", "GET"): "health",
+    ("/v1/loads", "GET"): "replica",
+    ("/get_load", "GET"): "replica",
+    ("/server_info", "GET"): "replica",
+    ("/get_server_info", "GET"): "replica",
+    ("/model_info", "GET"): "replica",
+    ("/get_model_info", "GET"): "replica",
+    ("/health_generate", "GET"): "replica",
 }
+# What a router or a probe reads without the API key (unless ``--protect-metrics``).
+KEYED = ("/v1/", "/tokenize", "/detokenize")
+OPEN = {path for path, _ in WANT if not path.startswith(KEYED)}
 
 
 def _gen() -> SimpleNamespace:
@@ -40,7 +50,15 @@ def _gen() -> SimpleNamespace:
     }
     kc = SimpleNamespace(free_cells=64)
     return SimpleNamespace(
-        stats=stats, _running=[], kc=kc, max_positions=64, vocab_size=32, n_cells=64
+        stats=stats,
+        _running=[],
+        kc=kc,
+        max_positions=64,
+        vocab_size=32,
+        n_cells=64,
+        n_seq_max=4,
+        max_prefill_tokens=64,
+        model=SimpleNamespace(architecture="llama"),
     )
 
 
@@ -54,6 +72,7 @@ def test_every_family_registers_the_same_way_and_the_app_has_exactly_their_route
         "tokenize",
         "models",
         "health",
+        "replica",
     ]
     for family in routes.FAMILIES:
         assert list(inspect.signature(family.register).parameters) == ["app", "srv"]
@@ -98,7 +117,7 @@ def test_models_answers_and_the_key_guards_the_family_routes():
     }
     for path, method in WANT:
         r = with_key.request(method, path)
-        if path in ("/health", "/metrics"):
+        if path in OPEN:
             assert r.status_code != 401, path  # open without --protect-metrics
         else:
             assert r.status_code == 401, path
