@@ -23,19 +23,22 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-__all__ = ["ClusterOptions", "add_arguments", "replica_command", "router_command", "run"]
+__all__ = ["SPILL", "ClusterOptions", "add_arguments", "replica_command", "router_command", "run"]
 
-CACHE_THRESHOLD = 0.9
-"""SMG's share of a prompt that must match a replica's routed prefixes before cache-aware routing
-pins the request there. Its default (0.3) lets a system prompt shared by every session (most of
-each request) pull all of them to one replica; at 0.9 a session follows its own history."""
+SPILL = ["--balance-abs-threshold", "1", "--balance-rel-threshold", "1.2"]
+"""When SMG's cache-aware policy leaves a replica its prompt matches for the least loaded one: once
+the match holds at least one request more than the replicas' mean, and 1.2 times it. SMG's own
+gate (64 more, and 1.5 times) never opens at a few requests in flight, so a system prompt every
+session shares pulls all of them to one replica while the other idles; with this gate sessions
+spread and still stay where their history is (benches/bench_router_split.py)."""
 
 
 @dataclass
 class ClusterOptions:
     """What ``serve-cluster`` runs: ``replicas`` servers of ``model`` (``threads`` each) on
     ``host``, the router on ``port`` and its metrics on ``metrics_port`` (``None``: a free one),
-    ``store`` a prefix store URL every replica shares, ``serve_args`` more ``serve`` flags."""
+    ``store`` a prefix store URL every replica shares, ``serve_args`` more ``serve`` flags,
+    ``router_args`` more router flags."""
 
     model: str
     replicas: int = 2
@@ -47,10 +50,10 @@ class ClusterOptions:
     store: str | None = None
     api_key: str | None = None
     policy: str = "cache_aware"
-    cache_threshold: float = CACHE_THRESHOLD
     shutdown_timeout: float = 30.0
     startup_timeout: float = 600.0
     serve_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
 
 
 def free_port(host: str) -> int:
@@ -77,13 +80,13 @@ def router_command(opts: ClusterOptions, smg: str, urls: list[str], metrics_port
     cmd = [smg, "launch", "--host", opts.host, "--port", str(opts.port)]
     cmd += ["--prometheus-host", opts.host, "--prometheus-port", str(metrics_port)]
     cmd += ["--worker-urls", *urls, "--policy", opts.policy]
-    cmd += ["--cache-threshold", str(opts.cache_threshold)]
+    cmd += SPILL
     cmd += ["--health-check-interval-secs", "1", "--load-monitor-interval", "1"]
     cmd += ["--shutdown-grace-period-secs", str(max(1, int(opts.shutdown_timeout)))]
     cmd += ["--log-level", "warn"]
     if opts.api_key:
         cmd += ["--api-key", opts.api_key]
-    return cmd
+    return cmd + opts.router_args
 
 
 def find_smg() -> str | None:
@@ -230,12 +233,6 @@ def add_arguments(p: argparse.ArgumentParser, positive: object) -> None:
         choices=["cache_aware", "round_robin", "power_of_two", "least_load", "random"],
         help="SMG's routing policy (default cache_aware)",
     )
-    p.add_argument(
-        "--cache-threshold",
-        type=float,
-        default=CACHE_THRESHOLD,
-        help=f"SMG's match share before it pins a request (default {CACHE_THRESHOLD})",
-    )
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="per process (30 s)")
     p.add_argument(
         "--serve-arg",
@@ -244,6 +241,15 @@ def add_arguments(p: argparse.ArgumentParser, positive: object) -> None:
         dest="serve_args",
         metavar="ARG",
         help="one more `serve` argument for every replica (repeat: --serve-arg=--n-cells ...)",
+    )
+    p.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        dest="router_args",
+        metavar="ARG",
+        help="one more router argument, after the launcher's (a later flag wins: "
+        "--router-arg=--balance-abs-threshold --router-arg=64 restores SMG's spill gate)",
     )
 
 

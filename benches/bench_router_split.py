@@ -1,0 +1,118 @@
+"""How SMG's cache-aware routing splits an agent-like load over ``offgraph-kv serve-cluster``
+replicas, with SMG's own spill gate (at its default match threshold, 0.3, and at 0.9) and with
+the launcher's (``tools/cluster.py``'s ``SPILL``).
+
+``--sessions`` sessions of ``--turns`` turns, ``--concurrency`` sessions at a time, every one
+starting with the same ~600-token system prompt and growing its own history; greedy, 12 new
+tokens a turn. Per configuration: the requests each replica served, the prompt tokens, the share
+served from cache (``offgraph_kv_cached_tokens_total`` over ``offgraph_kv_prompt_tokens_total``),
+the prompt tokens recomputed and the wall time (the last only as a hint on a shared machine).
+
+    python benches/bench_router_split.py                  # 2 replicas, 16 sessions x 3 turns
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+SMG_GATE = ["--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5"]
+CONFIGS = {
+    "SMG's": SMG_GATE,
+    "SMG's, --cache-threshold 0.9": [*SMG_GATE, "--cache-threshold", "0.9"],
+    "the launcher's": [],
+}
+SYSTEM = " ".join(
+    f"Rule {i}: answer the customer politely and mention item {i * 7 % 31}." for i in range(45)
+)
+
+
+def metrics(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    out: dict[str, float] = {"requests": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("offgraph_kv_requests_total{"):
+            out["requests"] += float(value)
+        elif name in ("offgraph_kv_prompt_tokens_total", "offgraph_kv_cached_tokens_total"):
+            out[name] = float(value)
+    return out
+
+
+def run(args: argparse.Namespace, name: str, router_args: list[str], port: int) -> str:
+    import openai
+
+    cmd = [sys.executable, "-m", "offgraph_kv", "serve-cluster", args.model]
+    cmd += ["--replicas", str(args.replicas), "--threads", str(args.threads), "--port", str(port)]
+    cmd += ["--serve-arg=--n-cells", f"--serve-arg={args.n_cells}"]
+    cmd += [f"--router-arg={a}" for a in router_args]
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                log.seek(0)
+                out = log.read()
+                if "serve-cluster: http" in out:
+                    break
+                if proc.poll() is not None:
+                    raise RuntimeError(out)
+                time.sleep(0.5)
+            line = next(x for x in out.splitlines() if x.startswith("serve-cluster:"))
+            _, *replicas = [int(p) for p in re.findall(r"//127\.0\.0\.1:(\d+)", line)]
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600
+            )
+
+            def session(s: int) -> None:
+                messages = [{"role": "system", "content": SYSTEM}]
+                for t in range(args.turns):
+                    ask = f"Customer {s}, question {t}: what about order {s * 13 + t}?"
+                    messages.append({"role": "user", "content": ask})
+                    r = client.chat.completions.create(
+                        model=args.model, messages=messages, max_tokens=12, temperature=0
+                    )
+                    messages.append({"role": "assistant", "content": r.choices[0].message.content})
+
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                list(pool.map(session, range(args.sessions)))
+            wall = time.perf_counter() - t0
+            ms = [metrics(p) for p in replicas]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    prompt = sum(m["offgraph_kv_prompt_tokens_total"] for m in ms)
+    cached = sum(m["offgraph_kv_cached_tokens_total"] for m in ms)
+    split = ":".join(str(int(m["requests"])) for m in ms)
+    return (
+        f"| {name} | {split} | {int(prompt)} | {100 * cached / prompt:.1f}% "
+        f"| {int(prompt - cached)} | {wall:.1f} |"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="per replica")
+    p.add_argument("--n-cells", type=int, default=8192)
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--port", type=int, default=18300)
+    args = p.parse_args()
+    print("| spill gate | requests per replica | prompt tokens | cached | recomputed | wall s |")
+    print("|---|---|---|---|---|---|")
+    for name, router_args in CONFIGS.items():
+        print(run(args, name, router_args, args.port), flush=True)
+
+
+if __name__ == "__main__":
+    main()
