@@ -13,6 +13,7 @@
 mod common;
 
 use offgraph_kv_engine::model::OpenOptions;
+use offgraph_kv_engine::quant::{active_isa, QuantIsa};
 use offgraph_kv_engine::Model;
 
 /// A line of `/proc/self/status` in KiB (Linux).
@@ -71,9 +72,20 @@ fn an_open_gemma3_holds_little_beyond_its_mapped_file() {
     let model = Model::open_with(&path, OpenOptions { repack: true })
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let packed_kib = model.packed_bytes() as u64 / 1024;
-    assert!(packed_kib > 0, "nothing was packed");
     let anon = rss_anon_kib().saturating_sub(anon0);
     let file = status_kib("RssFile:").saturating_sub(file0);
+    if active_isa() != QuantIsa::Avx512Vnni {
+        // Only the VNNI kernels read packed weights: elsewhere a repacking
+        // open packs nothing and holds what the plain open does (plus the
+        // allocator's retention described above).
+        assert_eq!(packed_kib, 0, "packed for kernels this CPU cannot run");
+        assert!(
+            anon < 48 * 1024,
+            "a repacking open that packed nothing left {anon} KiB anonymous"
+        );
+        return;
+    }
+    assert!(packed_kib > 0, "nothing was packed");
     eprintln!(
         "Model::open (Gemma 3, repacked): {:.1} MiB anonymous ({:.1} MiB packed), {:.1} MiB of file pages, file {:.1} MiB",
         anon as f64 / 1024.0,
