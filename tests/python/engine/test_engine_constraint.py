@@ -68,7 +68,7 @@ def test_a_json_schema_reply_validates_and_stops_when_complete(smollm2_engine, p
 
 def test_json_object_regex_and_lark(smollm2_engine):
     tok = smollm2_engine.tokenizer
-    out, _ = run_one(smollm2_engine, chat(tok, "Give me JSON."), 32, Constraint.json_object())
+    out, _ = run_one(smollm2_engine, chat(tok, "Give me JSON."), 96, Constraint.json_object())
     text = tok.decode(out).removesuffix("<|im_end|>")
     assert isinstance(json.loads(text), dict), text
     out, _ = run_one(
