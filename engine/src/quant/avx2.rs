@@ -50,6 +50,55 @@ impl Kernel for Avx2 {
             })
         }
     }
+
+    /// One token (decode) against `R` rows of a 32-value type: the rows'
+    /// blocks in lockstep, so the token's block is loaded once for all and
+    /// the rows' chains overlap. Each row sums in `q32`'s order: the same
+    /// bits as one row at a time.
+    #[inline(always)]
+    fn dots_rows<const R: usize, const T: usize>(
+        ty: GgmlType,
+        rows: &[&[u8]; R],
+        a: &[Act<'_>; T],
+    ) -> Option<[[f32; T]; R]> {
+        let mut out = [[0f32; T]; R];
+        let kind = match ty {
+            GgmlType::Q4_0 => Some(0),
+            GgmlType::Q4_1 => Some(1),
+            GgmlType::Q5_0 => Some(2),
+            GgmlType::Q5_1 => Some(3),
+            GgmlType::Q8_0 => Some(4),
+            _ => None,
+        };
+        match (kind, a.first()) {
+            (Some(k), Some(at)) if T == 1 => {
+                let cols = at.x.len();
+                for row in rows {
+                    check(ty, row, a, cols)?;
+                }
+                // SAFETY: `check` verified every row and the token's views
+                // for `cols` values; the CPU has avx2, fma and f16c.
+                let v = unsafe {
+                    match k {
+                        0 => q32_rows::<R, 0>(rows, at, cols),
+                        1 => q32_rows::<R, 1>(rows, at, cols),
+                        2 => q32_rows::<R, 2>(rows, at, cols),
+                        3 => q32_rows::<R, 3>(rows, at, cols),
+                        _ => q32_rows::<R, 4>(rows, at, cols),
+                    }
+                };
+                for (o, v) in out.iter_mut().zip(v) {
+                    *o.first_mut()? = v;
+                }
+            }
+            _ => {
+                for (o, row) in out.iter_mut().zip(rows) {
+                    *o = Self::dots::<T>(ty, row, a)?;
+                }
+            }
+        }
+        Some(out)
+    }
 }
 
 /// 16 bytes of nibbles as 32 bytes: low nibbles (values 0..16) in the low
@@ -82,16 +131,63 @@ unsafe fn bit_mask(qh: u32) -> __m256i {
     }
 }
 
-/// The 32-value types: `K` 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0.
-#[inline(always)]
-unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: usize) -> [f32; T] {
-    let bb = match K {
+/// Bytes of one block of a 32-value type: `K` 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0.
+const fn block_bytes(k: u8) -> usize {
+    match k {
         0 => 18,
         1 => 20,
         2 => 22,
         3 => 24,
         _ => 34,
-    };
+    }
+}
+
+/// The block at `p`: its scale, its 32 weights as bytes ready for
+/// `dot_us` (|w| for a signed type), the sign source (`None`: unsigned) and
+/// its min (0 for the types without one).
+#[inline(always)]
+unsafe fn block<const K: u8>(p: *const u8) -> (f32, __m256i, Option<__m256i>, f32) {
+    // SAFETY: the caller's whole block at `p`.
+    unsafe {
+        let dw = half_at(p);
+        // Signed weights as (|q|, sign source); unsigned ones as q.
+        let (q, signed) = match K {
+            0 => (
+                _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
+                true,
+            ),
+            1 => (nibbles(p.add(4)), false),
+            2 => {
+                let qh = p.add(2).cast::<u32>().read_unaligned().to_le();
+                let m = bit_mask(qh);
+                // q − 16: a clear 5th bit makes the nibble negative (0xf0 | q).
+                let hi = _mm256_andnot_si256(m, _mm256_set1_epi8(0xf0u8 as i8));
+                (_mm256_or_si256(nibbles(p.add(6)), hi), true)
+            }
+            3 => {
+                let qh = p.add(4).cast::<u32>().read_unaligned().to_le();
+                let hi = _mm256_and_si256(bit_mask(qh), _mm256_set1_epi8(0x10));
+                (_mm256_or_si256(nibbles(p.add(8)), hi), false)
+            }
+            _ => (_mm256_loadu_si256(p.add(2).cast()), true),
+        };
+        let m = if K == 1 || K == 3 {
+            half_at(p.add(2))
+        } else {
+            0.0
+        };
+        if signed {
+            (dw, _mm256_sign_epi8(q, q), Some(q), m)
+        } else {
+            (dw, q, None, m)
+        }
+    }
+}
+
+/// The 32-value types: `K` 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0.
+#[inline(always)]
+unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: usize) -> [f32; T] {
+    let bb = block_bytes(K);
     // SAFETY (whole fn): block `b` of the row is at `b * bb` (`check`), each
     // token has `cols` quants and `cols / 32` scales and sums.
     unsafe {
@@ -102,38 +198,11 @@ unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: u
             let p = w.add(b * bb);
             // Ahead into this row or the next: a matvec streams the rows.
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * bb).cast());
-            let dw = half_at(p);
-            // Signed weights as (|q|, sign source); unsigned ones as q.
-            let (q, signed) = match K {
-                0 => (
-                    _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
-                    true,
-                ),
-                1 => (nibbles(p.add(4)), false),
-                2 => {
-                    let qh = p.add(2).cast::<u32>().read_unaligned().to_le();
-                    let m = bit_mask(qh);
-                    // q − 16: a clear 5th bit makes the nibble negative (0xf0 | q).
-                    let hi = _mm256_andnot_si256(m, _mm256_set1_epi8(0xf0u8 as i8));
-                    (_mm256_or_si256(nibbles(p.add(6)), hi), true)
-                }
-                3 => {
-                    let qh = p.add(4).cast::<u32>().read_unaligned().to_le();
-                    let hi = _mm256_and_si256(bit_mask(qh), _mm256_set1_epi8(0x10));
-                    (_mm256_or_si256(nibbles(p.add(8)), hi), false)
-                }
-                _ => (_mm256_loadu_si256(p.add(2).cast()), true),
-            };
-            let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
-            let m = if K == 1 || K == 3 {
-                half_at(p.add(2))
-            } else {
-                0.0
-            };
+            let (dw, qa, sign, m) = block::<K>(p);
             for t in 0..T {
                 let at = a.get_unchecked(t);
                 let y = _mm256_loadu_si256(at.qs.as_ptr().add(b * 32).cast());
-                let y = if signed { _mm256_sign_epi8(y, q) } else { y };
+                let y = sign.map_or(y, |q| _mm256_sign_epi8(y, q));
                 let s = _mm256_cvtepi32_ps(dot_us(qa, y));
                 let acc_t = acc.get_unchecked_mut(t);
                 *acc_t = _mm256_fmadd_ps(_mm256_set1_ps(dw * *at.d.get_unchecked(b)), s, *acc_t);
@@ -143,6 +212,39 @@ unsafe fn q32<const T: usize, const K: u8>(row: &[u8], a: &[Act<'_>; T], cols: u
             }
         }
         core::array::from_fn(|t| hsum(*acc.get_unchecked(t)) + *mins.get_unchecked(t))
+    }
+}
+
+/// `R` rows of a 32-value type against one token, in lockstep; each row's
+/// sum in `q32`'s order.
+#[inline(always)]
+unsafe fn q32_rows<const R: usize, const K: u8>(
+    rows: &[&[u8]; R],
+    at: &Act<'_>,
+    cols: usize,
+) -> [f32; R] {
+    let bb = block_bytes(K);
+    // SAFETY (whole fn): as `q32`, for every row (the caller `check`ed each).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [0f32; R];
+        for b in 0..cols / 32 {
+            let y0 = _mm256_loadu_si256(at.qs.as_ptr().add(b * 32).cast());
+            let da = *at.d.get_unchecked(b);
+            for r in 0..R {
+                let p = rows.get_unchecked(r).as_ptr().add(b * bb);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * bb).cast());
+                let (dw, qa, sign, m) = block::<K>(p);
+                let y = sign.map_or(y0, |q| _mm256_sign_epi8(y0, q));
+                let s = _mm256_cvtepi32_ps(dot_us(qa, y));
+                let acc_r = acc.get_unchecked_mut(r);
+                *acc_r = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), s, *acc_r);
+                if K == 1 || K == 3 {
+                    *mins.get_unchecked_mut(r) += m * *at.s.get_unchecked(b);
+                }
+            }
+        }
+        core::array::from_fn(|r| hsum(*acc.get_unchecked(r)) + *mins.get_unchecked(r))
     }
 }
 
