@@ -13,8 +13,8 @@
 //! `driver::compute_avx2`, which is compiled with avx2, fma and f16c.
 
 use super::act::Act;
-use super::kernel::Kernel;
-use super::simd::{check, dot_us, half_at, hsum};
+use super::kernel::{row_by_row, Kernel};
+use super::simd::{check, check_rows, dot_us, half_at, hsum};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -61,41 +61,32 @@ impl Kernel for Avx2 {
         rows: &[&[u8]; R],
         a: &[Act<'_>; T],
     ) -> Option<[[f32; T]; R]> {
-        let mut out = [[0f32; T]; R];
         let kind = match ty {
-            GgmlType::Q4_0 => Some(0),
-            GgmlType::Q4_1 => Some(1),
-            GgmlType::Q5_0 => Some(2),
-            GgmlType::Q5_1 => Some(3),
-            GgmlType::Q8_0 => Some(4),
-            _ => None,
+            GgmlType::Q4_0 => 0,
+            GgmlType::Q4_1 => 1,
+            GgmlType::Q5_0 => 2,
+            GgmlType::Q5_1 => 3,
+            GgmlType::Q8_0 => 4,
+            _ => return row_by_row::<Self, R, T>(ty, rows, a),
         };
-        match (kind, a.first()) {
-            (Some(k), Some(at)) if T == 1 => {
-                let cols = at.x.len();
-                for row in rows {
-                    check(ty, row, a, cols)?;
-                }
-                // SAFETY: `check` verified every row and the token's views
-                // for `cols` values; the CPU has avx2, fma and f16c.
-                let v = unsafe {
-                    match k {
-                        0 => q32_rows::<R, 0>(rows, at, cols),
-                        1 => q32_rows::<R, 1>(rows, at, cols),
-                        2 => q32_rows::<R, 2>(rows, at, cols),
-                        3 => q32_rows::<R, 3>(rows, at, cols),
-                        _ => q32_rows::<R, 4>(rows, at, cols),
-                    }
-                };
-                for (o, v) in out.iter_mut().zip(v) {
-                    *o.first_mut()? = v;
-                }
+        let (1, Some(at)) = (T, a.first()) else {
+            return row_by_row::<Self, R, T>(ty, rows, a);
+        };
+        let cols = check_rows(ty, rows, a)?;
+        // SAFETY: `check_rows` verified every row and the token's views for
+        // `cols` values; the CPU has avx2, fma and f16c.
+        let v = unsafe {
+            match kind {
+                0 => q32_rows::<R, 0>(rows, at, cols),
+                1 => q32_rows::<R, 1>(rows, at, cols),
+                2 => q32_rows::<R, 2>(rows, at, cols),
+                3 => q32_rows::<R, 3>(rows, at, cols),
+                _ => q32_rows::<R, 4>(rows, at, cols),
             }
-            _ => {
-                for (o, row) in out.iter_mut().zip(rows) {
-                    *o = Self::dots::<T>(ty, row, a)?;
-                }
-            }
+        };
+        let mut out = [[0f32; T]; R];
+        for (o, v) in out.iter_mut().zip(v) {
+            *o.first_mut()? = v;
         }
         Some(out)
     }

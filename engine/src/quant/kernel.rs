@@ -18,11 +18,7 @@ pub(super) trait Kernel {
         rows: &[&[u8]; R],
         a: &[Act<'_>; T],
     ) -> Option<[[f32; T]; R]> {
-        let mut out = [[0f32; T]; R];
-        for (o, row) in out.iter_mut().zip(rows) {
-            *o = Self::dots::<T>(ty, row, a)?;
-        }
-        Some(out)
+        row_by_row::<Self, R, T>(ty, rows, a)
     }
 
     /// `LANES` consecutive rows (`rows`: their bytes, `rb` a row) against
@@ -52,4 +48,19 @@ pub(super) trait Kernel {
     ) -> Option<[[f32; LANES]; T]> {
         None
     }
+}
+
+/// `R` rows one at a time by `K::dots`: the default `dots_rows`, and what a
+/// kernel's own `dots_rows` falls back to where it has no many-row path.
+#[inline(always)]
+pub(super) fn row_by_row<K: Kernel + ?Sized, const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: &[&[u8]; R],
+    a: &[Act<'_>; T],
+) -> Option<[[f32; T]; R]> {
+    let mut out = [[0f32; T]; R];
+    for (o, row) in out.iter_mut().zip(rows) {
+        *o = K::dots::<T>(ty, row, a)?;
+    }
+    Some(out)
 }

@@ -33,6 +33,20 @@ pub(super) const fn q32_offset(k: u8) -> i32 {
     }
 }
 
+/// `check` for each of `rows` against the same tokens; their width (from
+/// the first token) when all pass.
+pub(super) fn check_rows<const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: &[&[u8]; R],
+    a: &[Act<'_>; T],
+) -> Option<usize> {
+    let cols = a.first()?.x.len();
+    for row in rows {
+        check(ty, row, a, cols)?;
+    }
+    Some(cols)
+}
+
 /// The one bounds check the kernels rely on.
 pub(super) fn check<const T: usize>(
     ty: GgmlType,

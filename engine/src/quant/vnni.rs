@@ -21,7 +21,7 @@
 use super::act::Act;
 use super::avx2::Avx2;
 use super::kernel::{Kernel, LANES};
-use super::simd::check;
+use super::simd::check_rows;
 use super::vnni_wide::q32x;
 use crate::ggml_type::GgmlType;
 
@@ -64,10 +64,7 @@ impl Kernel for Vnni {
         rows: &[&[u8]; R],
         a: &[Act<'_>; T],
     ) -> Option<[[f32; T]; R]> {
-        let cols = a.first()?.x.len();
-        for row in rows {
-            check(ty, row, a, cols)?;
-        }
+        let cols = check_rows(ty, rows, a)?;
         // SAFETY: `check` verified every row holds exactly `cols` values of
         // `ty` and every token's views hold `cols` values, their scales and
         // sums; the CPU has the module's features (module docs).
