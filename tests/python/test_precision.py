@@ -3,13 +3,12 @@ against numpy/torch rounding and a GGML Q8_0 quantizer written here from its
 definition, views, dequantize, attention against a float64 reference over the
 rounded rows, and refusals that change nothing."""
 
-import pathlib
-
 import ml_dtypes
 import numpy as np
 import offgraph_kv as okv
 import pytest
 import torch
+from cpu_helpers import int8_scores
 
 DTYPES = ["float32", "float16", "bfloat16", "q8_0"]
 
@@ -211,26 +210,6 @@ def q8_rounded(q):
         v = np.where(d != 0, blocks * (np.float32(1) / d), np.float32(0))
     r = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
     return (r * d).astype(np.float32).reshape(q.shape)
-
-
-def cpu_flags():
-    try:
-        return set(pathlib.Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return set()
-
-
-def int8_scores(k_dtype, head_dim):
-    """Whether the native kernel's default path scores these q8_0 keys by
-    integer dots against q quantized per step (every block of query rows
-    alike, so a row's result does not depend on what shares its step; an
-    AVX-512 VNNI CPU with head_dim a multiple of 64, or an AVX2 CPU without
-    AVX-512): its result is then exactly attention of the Q8_0-rounded q,
-    the error GGML accepts."""
-    f = cpu_flags()
-    vnni = "avx512_vnni" in f and "avx512bw" in f and head_dim % 64 == 0
-    avx2 = "avx512f" not in f and {"avx2", "fma", "f16c"} <= f
-    return k_dtype == "q8_0" and (vnni or avx2)
 
 
 def seq_rows(spec):
