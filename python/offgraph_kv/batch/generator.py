@@ -43,6 +43,7 @@ from __future__ import annotations
 import itertools
 import operator
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -50,12 +51,13 @@ from typing import TYPE_CHECKING, Any
 from .. import _native as _okv
 from .._errors import CapacityError, InvalidArgumentError
 from .constraint import Constraint
+from .draft_length import PROBE_EVERY, Acceptance, StepCost, best_positive, choose
 from .guide import Guide, StepMasks, grammar_tokenizer, masked
 from .model_step import CellsModel, ModelStep, model_step
 from .requests import Request, RequestLimits, RequestTable, new_request
 from .sampling import LogprobEntry, adjusted, logprob_entry, sample
 from .scheduler import Plan, Scheduler
-from .speculative import PromptLookup, Speculation, accept, next_length, speculation
+from .speculative import PromptLookup, Speculation, accept, speculation
 
 if TYPE_CHECKING:  # annotations only: the native engine's path never imports torch
     import torch
@@ -224,6 +226,8 @@ class BatchGenerator:
         }
         self.speculation: Speculation | None = spec
         self._drafter: Any = None if spec is None else self._make_drafter(spec, kv_dtype)
+        # What a forward costs by its token count, for the draft lengths (measured unless fixed).
+        self.step_cost = StepCost(None if spec is None else spec.step_cost)
 
     def _make_drafter(self, spec: Speculation, kv_dtype: str | None) -> Any:
         if spec.source == "ngram":
@@ -483,7 +487,9 @@ class BatchGenerator:
             # The constrained samplers' masks, computed while the forward runs.
             self.masks.start([r.guide for r in samplers if r.guide is not None])
         try:
+            t0 = time.perf_counter()
             logits = self._forward(tokens, positions, rows)
+            self.step_cost.record(len(tokens), time.perf_counter() - t0)
         except BaseException:
             self.masks.rows()  # the masks of a step that did not happen
             with self._lock:
@@ -500,13 +506,14 @@ class BatchGenerator:
 
     def _drafts(self, plan: Plan) -> dict[Request, list[int]]:
         """The drafted tokens of the step's decoding requests that speculate: while the step
-        holds at most ``step_tokens`` tokens, at most each request's adaptive draft length
-        (and never past its ``max_new_tokens``)."""
+        holds at most ``step_tokens`` tokens, each request's best length by its acceptance and
+        the measured step cost (:mod:`.draft_length`), never past its ``max_new_tokens``."""
         spec = self.speculation
         if spec is None:
             return {}
         n_tokens = sum(n for _, n in plan)
         budget = min(spec.step_tokens, self.max_batch_tokens, self.kc.free_cells) - n_tokens
+        in_step = n_tokens  # the step's tokens so far, drafts given to earlier requests included
         wants: list[tuple[Request, int]] = []
         for req, n in plan:
             if budget <= 0:
@@ -518,15 +525,26 @@ class BatchGenerator:
             room = req.max_new_tokens - len(req.generated) - 1  # one token beyond the drafts
             if room < 1:
                 continue
-            if req.draft_len == 0:
-                req.draft_len = min(4, spec.max_draft)
-            k = min(req.draft_len, room, budget)
+            if req.acceptance is None:
+                req.acceptance = Acceptance()
+            acc = req.acceptance
+            cap = min(spec.max_draft, room, budget)
+            k = choose(self.step_cost, in_step, cap, acc.p)
+            if k == 0:
+                acc.idle += 1
+                if acc.idle < PROBE_EVERY:
+                    continue
+                k = best_positive(self.step_cost, in_step, cap, acc.p)
             wants.append((req, k))
             budget -= k
+            in_step += k
         if not wants:
             return {}
         got = self._drafter.draft(wants)
-        return {req: d for (req, _), d in zip(wants, got, strict=True) if d}
+        drafts = {req: d for (req, _), d in zip(wants, got, strict=True) if d}
+        for req in drafts:  # one that found no draft probes again next step
+            req.acceptance.idle = 0
+        return drafts
 
     def _forward(self, tokens: list[int], positions: list[int], rows: list[int]) -> Any:
         """The model step's logits ``[len(rows), vocab]`` for the open step."""
@@ -635,7 +653,8 @@ class BatchGenerator:
         self._counts["spec_accepted_tokens"] += accepted
         self._counts["generated_tokens"] += len(taken)
         assert self.speculation is not None
-        req.draft_len = next_length(len(draft), accepted, self.speculation.max_draft)
+        if req.acceptance is not None:
+            req.acceptance.record(len(draft), accepted)
         req.tokens += taken
         out.extend((req.rid, t) for t in taken)
         if stop is not None:

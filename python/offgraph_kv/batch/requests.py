@@ -53,7 +53,7 @@ class Request:
     counts: dict[int, int] = field(default_factory=dict)  # generated token -> times (penalties)
     guide: Any = None  # a .guide.Guide: the grammar its output must match; None: free
     speculative: bool = True  # may speculate when the generator does (False: opted out)
-    draft_len: int = 0  # tokens to draft next (adapts to acceptance); 0: not started
+    acceptance: Any = None  # its draft acceptance estimate (.draft_length.Acceptance)
     ngram: Any = None  # its prompt lookup index (.ngram.NgramIndex), built on first use
 
     @property

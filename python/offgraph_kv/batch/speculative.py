@@ -20,16 +20,18 @@ weights. The rejected drafts' cells are removed (``seq_rm``; the cache rewinds w
 Sources: :class:`PromptLookup` (n-grams of the request's own tokens, :mod:`.ngram`) and a draft
 model of the same vocabulary (:class:`~offgraph_kv.batch.draft_model.DraftModel`).
 
-Draft length adapts per request (:func:`next_length`): it doubles while every draft is accepted
-and falls to one past the accepted count when one is not. Speculation turns itself down when
-the batch is full: drafts are added only while the step holds at most ``step_tokens`` tokens
-(12 by default: on the small real models a 12-token forward of one sequence already costs ~2x a
-one-token one; docs/speculative.md has the measured curve).
+Draft length is per request and per step (:mod:`.draft_length`): the length with the most
+expected tokens per second of forward, from the request's measured acceptance and the
+generator's measured cost of a forward by its token count; none when no length pays (a request
+that stopped drafting drafts again every few steps to keep its estimate current). Drafts are
+added only while the step holds at most ``step_tokens`` tokens (12 by default;
+docs/speculative.md has the measured curves), so a full batch does not speculate.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +45,6 @@ __all__ = [
     "Speculation",
     "accept",
     "distribution",
-    "next_length",
     "speculation",
 ]
 
@@ -63,18 +64,39 @@ class Speculation:
         step_tokens: drafts are added only while the step holds at most this many tokens
             (decode, prefill and drafts together): a full batch does not speculate.
         draft_cells: cells of a draft model's own cache (``None``: the generator's ``n_cells``).
+        step_cost: ``{T: ratio}``, what a ``T``-token forward costs over a one-token one, fixed
+            (as ``benches/bench_spec.py --step-cost`` prints it); ``None`` (default): measured
+            as the generator runs (see :mod:`.draft_length`).
     """
 
     source: Any = "ngram"
     max_draft: int = DEFAULT_MAX_DRAFT
     step_tokens: int = DEFAULT_STEP_TOKENS
     draft_cells: int | None = None
+    step_cost: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_draft", "step_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidArgumentError(f"speculative {name}: expected an int >= 1, got {v!r}")
+        c = self.step_cost
+        if c is not None and (
+            not isinstance(c, Mapping)
+            or not all(
+                isinstance(n, int)
+                and not isinstance(n, bool)
+                and n >= 1
+                and isinstance(r, (int, float))
+                and not isinstance(r, bool)
+                and r > 0
+                for n, r in c.items()
+            )
+        ):
+            raise InvalidArgumentError(
+                "speculative step_cost: expected a dict of token counts >= 1 to ratios > 0, "
+                f"got {c!r}"
+            )
         d = self.draft_cells
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
             raise InvalidArgumentError(
@@ -107,13 +129,6 @@ def speculation(arg: Any) -> Speculation | None:
             f"{type(src).__name__}"
         )
     return spec
-
-
-def next_length(k: int, accepted: int, max_draft: int) -> int:
-    """The next draft length after ``accepted`` of ``k`` drafts were accepted."""
-    if accepted >= k:
-        return min(max_draft, 2 * k)
-    return max(1, accepted + 1)
 
 
 class PromptLookup:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from offgraph_kv import InvalidArgumentError
 from offgraph_kv.batch import BatchGenerator
+from offgraph_kv.batch.draft_length import PROBE_EVERY
 from offgraph_kv.batch.ngram import NgramIndex
 from offgraph_kv.batch.sampling import sampler_for
 from offgraph_kv.batch.speculative import Speculation, accept, distribution
@@ -24,6 +25,9 @@ ASKS = (
     "Repeat this code twice:\n\n" + QUOTE,
 )
 N_NEW = 40
+# Drafts priced as free (no forward costs more than a one-token one): every speculating step
+# drafts all it may, whatever this machine measures.
+FLAT = Speculation("ngram", step_cost={})
 
 
 def _prompts(engine) -> list[list[int]]:
@@ -34,7 +38,7 @@ def _both(engine, kv_dtype="float32", **kw):
     """Each prompt twice in one batch (the second a fork of the first's prefix), speculating
     and opted out; returns both sides' tokens and the generator."""
     gen = BatchGenerator(
-        engine, n_cells=1024, max_batch_tokens=64, kv_dtype=kv_dtype, speculative="ngram"
+        engine, n_cells=1024, max_batch_tokens=64, kv_dtype=kv_dtype, speculative=FLAT
     )
     spec, plain = [], []
     for p in _prompts(engine):
@@ -101,7 +105,7 @@ def test_bad_speculation_arguments_are_refused(smollm2_engine):
 
 
 def test_opted_out_and_sampled_requests(smollm2_engine):
-    gen = BatchGenerator(smollm2_engine, n_cells=1024, max_batch_tokens=64, speculative="ngram")
+    gen = BatchGenerator(smollm2_engine, n_cells=1024, max_batch_tokens=64, speculative=FLAT)
     p = _prompts(smollm2_engine)[1]
     gen.generate([p], N_NEW, speculative=False)
     assert gen.stats["spec_drafted_tokens"] == 0  # alone and opted out: no drafts
@@ -146,3 +150,40 @@ def test_gguf_model_generate_speculating(smollm2_engine):
             [p], 24, eos_token_id=smollm2_engine.eos_token_ids
         )[0]
     )
+
+
+def _drafted_lengths(engine, spec, n_new=N_NEW):
+    """Greedy tokens of one speculating request, the lengths it asked the drafter for, and
+    the generator."""
+    gen = BatchGenerator(engine, n_cells=1024, max_batch_tokens=64, speculative=spec)
+    asked: list[tuple[int, int]] = []  # (length, the request's room for drafts)
+    draft = gen._drafter.draft
+
+    def spy(wants):
+        asked.extend((k, r.max_new_tokens - len(r.generated) - 1) for r, k in wants)
+        return draft(wants)
+
+    gen._drafter.draft = spy
+    p = _prompts(engine)[1]
+    return gen.generate([p], n_new)[0], asked, gen
+
+
+def test_draft_lengths_follow_the_step_cost(smollm2_engine):
+    plain = BatchGenerator(smollm2_engine, n_cells=1024).generate(
+        [_prompts(smollm2_engine)[1]], N_NEW
+    )[0]
+    # By 4-token chunks (an AVX2 kernel's lockstep rows): a draft ends at a chunk's end.
+    chunked = {t: 1.0 + 0.5 * (-(-t // 4) - 1) for t in range(1, 13)}
+    out, asked, gen = _drafted_lengths(smollm2_engine, Speculation("ngram", step_cost=chunked))
+    assert out == plain
+    assert asked and all(k in (3, 7) or k == room < 3 for k, room in asked), asked
+    assert gen.stats["spec_accepted_tokens"] > 0
+    # Any draft costing 10x a one-token step: only the probes draft, one in PROBE_EVERY steps.
+    costly = {t: 10.0 for t in range(2, 13)}
+    out, asked, gen = _drafted_lengths(smollm2_engine, Speculation("ngram", step_cost=costly))
+    assert out == plain
+    assert 0 < len(asked) <= gen.stats["steps"] // PROBE_EVERY + 1
+    # Measured on this machine: whatever it picks, greedy output is unchanged.
+    out, _, gen = _drafted_lengths(smollm2_engine, "ngram")
+    assert out == plain
+    assert set(gen.step_cost.ratios()) >= {1}
