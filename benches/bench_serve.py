@@ -25,7 +25,11 @@ llama.cpp is not vendored: build ``llama-server`` as ``bench_engine.py`` says an
 ``--structured``: each server answers the load twice, as it is and with every other request
 carrying a ``response_format`` ``json_schema`` (constrained decoding), and the table compares
 the two (throughput and inter-token p50; the target is within 10%), with the share of the
-constrained replies that parse as JSON (those cut by ``--new-tokens`` do not); with ``llama``
+constrained replies that parse as JSON (those cut by ``--new-tokens`` do not). A complete
+constrained reply stops early (~50 of 64 tokens), which alone lowers tokens/s (the same
+prefills, fewer tokens), so each server also answers a third, token-matched load: the same
+requests unconstrained, each constrained one's twin limited to the tokens its structured reply
+had (from that server's first structured run): the same work but for the constraint. With ``llama``
 among the servers, offgraph-kv against llama-server's grammar path on the same requests (the
 target: >= 2x throughput). ``--rounds N`` runs every server (and load) N times, alternating
 the order each round, and reports each figure's median.
@@ -74,6 +78,7 @@ WORDS = (
 ).split()
 
 STRUCTURED = " json_schema"  # the structured load's row: the server's name and this
+MATCHED = " matched"  # the token-matched unconstrained load's row
 
 NAMES = {
     "okv": "offgraph-kv",
@@ -144,17 +149,24 @@ RESPONSE_FORMAT = {
 
 
 async def replay(
-    url: str, model: str, convs, concurrency: int, new_tokens: int, structured: bool = False
+    url: str,
+    model: str,
+    convs,
+    concurrency: int,
+    new_tokens: int,
+    structured: bool = False,
+    limits: list[int] | None = None,
 ) -> dict:
     """The load: every conversation, ``concurrency`` at a time; ``structured``: every other one
-    with :data:`RESPONSE_FORMAT`."""
+    with :data:`RESPONSE_FORMAT`; ``limits``: each request's max tokens (else ``new_tokens``)."""
     client = client_for(url)
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i, msgs):
         extra = {"response_format": RESPONSE_FORMAT} if structured and i % 2 == 0 else {}
+        n = limits[i] if limits else new_tokens
         async with sem:
-            return await chat_stream(client, model, msgs, new_tokens, **extra)
+            return await chat_stream(client, model, msgs, n, **extra)
 
     t0 = time.perf_counter()
     done = await asyncio.gather(*(one(i, m) for i, m in enumerate(convs)))
@@ -165,6 +177,7 @@ async def replay(
         "tokens": sum(d.completion_tokens for d in done),
         "ttft": [d.ttft for d in done],
         "itl": [g for d in done for g in d.gaps],
+        "per_request": [d.completion_tokens for d in done],
     }
     if structured:
         constrained = [d.text for d in done[::2]]
@@ -246,7 +259,8 @@ def table(res: dict) -> str:
             "(>= 1.0)",
         ]
     for name, s in res.items():
-        plain = res.get(name.removesuffix(STRUCTURED))
+        base = name.removesuffix(STRUCTURED)
+        plain, matched = res.get(base), res.get(base + MATCHED)
         if name.endswith(STRUCTURED) and plain:
             rows.append(
                 f"{name} / as it is: throughput {ratio(s['tok_per_s'], plain['tok_per_s']):.2f}x, "
@@ -254,6 +268,14 @@ def table(res: dict) -> str:
                 f"10%), wall time {ratio(s['wall_s'], plain['wall_s']):.2f}x for "
                 f"{s['tokens']} tokens against {plain['tokens']} (a complete reply stops); "
                 f"constrained replies that parse as JSON: {s['json_valid']:.0%}"
+            )
+        if name.endswith(STRUCTURED) and matched:
+            rows.append(
+                f"{name} / token-matched unconstrained: throughput "
+                f"{ratio(s['tok_per_s'], matched['tok_per_s']):.2f}x, ITL p50 "
+                f"{ratio(s['itl_p50_s'], matched['itl_p50_s']):.2f}x, wall time "
+                f"{ratio(s['wall_s'], matched['wall_s']):.2f}x, for {s['tokens']} tokens "
+                f"against {matched['tokens']}"
             )
     sa, sb = res.get(NAMES["okv"] + STRUCTURED), res.get(NAMES["llama"] + STRUCTURED)
     if sa and sb:
@@ -297,10 +319,17 @@ def plot(res: dict, path: str) -> None:
 
 
 def run_one(
-    kind: str, args, tmp: Path, convs, singles, structured: bool = False
+    kind: str,
+    args,
+    tmp: Path,
+    convs,
+    singles,
+    structured: bool = False,
+    limits: list[int] | None = None,
 ) -> tuple[dict, str]:
     """Start server ``kind``, replay the load and the single streams, stop it; ``structured``:
-    the load with every other request constrained (no single streams)."""
+    the load with every other request constrained; ``limits``: each request's max tokens (no
+    single streams with either)."""
     cells = args.system_tokens + args.requests * (64 + args.new_tokens + 64)
     log = tmp / f"{kind}.log"
     served = args.model
@@ -330,14 +359,17 @@ def run_one(
         proc, served, flags = transformers_server(args, tmp, log)
     try:
         r = asyncio.run(
-            replay(proc.url, served, convs, args.concurrency, args.new_tokens, structured)
+            replay(proc.url, served, convs, args.concurrency, args.new_tokens, structured, limits)
         )
         rates = (
-            [] if structured else asyncio.run(single(proc.url, served, singles, args.new_tokens))
+            []
+            if structured or limits
+            else asyncio.run(single(proc.url, served, singles, args.new_tokens))
         )
     finally:
         rc = proc.stop()
     out = summary(r, rates, proc.peak_rss)
+    out["per_request"] = r["per_request"]
     out["flags"] = flags
     out["exit"] = rc
     return out, flags
@@ -416,16 +448,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.log_dir or tmp
         Path(tmp).mkdir(parents=True, exist_ok=True)
-        loads = [False, True] if args.structured else [False]
+        loads = ["", STRUCTURED, MATCHED] if args.structured else [""]
         for r in range(args.rounds):
-            # Alternate the order from round to round: a busy machine's drift hits every side.
+            # Alternate the order from round to round: a busy machine's drift hits every side
+            # (the first round runs a structured load before its token-matched twin).
             flip = (lambda xs: xs[::-1]) if r % 2 else (lambda xs: xs)
             for kind in flip(kinds):
-                for structured in flip(loads):
-                    name = NAMES[kind] + (STRUCTURED if structured else "")
-                    out, flags = run_one(kind, args, Path(tmp), convs, singles, structured)
+                for load in flip(loads):
+                    name = NAMES[kind] + load
+                    limits = None
+                    if load == MATCHED:  # the tokens of this server's first structured run
+                        limits = runs[NAMES[kind] + STRUCTURED][0]["per_request"]
+                    out, flags = run_one(
+                        kind, args, Path(tmp), convs, singles, load == STRUCTURED, limits
+                    )
                     runs.setdefault(name, []).append(out)
-                    print(f"round {r + 1} {name} ({flags}): {json.dumps(out)}", flush=True)
+                    shown = {k: v for k, v in out.items() if k != "per_request"}
+                    print(f"round {r + 1} {name} ({flags}): {json.dumps(shown)}", flush=True)
     res = {name: medians(rs) for name, rs in runs.items()}
     print(table(res))
     if args.json:
