@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import re
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster_load import cluster, metrics  # noqa: E402 (the benches directory is not a package)
 
 SMG_GATE = ["--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5"]
 CONFIGS = {
@@ -34,60 +34,32 @@ SYSTEM = " ".join(
 )
 
 
-def metrics(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    out: dict[str, float] = {"requests": 0.0}
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith("offgraph_kv_requests_total{"):
-            out["requests"] += float(value)
-        elif name in ("offgraph_kv_prompt_tokens_total", "offgraph_kv_cached_tokens_total"):
-            out[name] = float(value)
-    return out
-
-
 def run(args: argparse.Namespace, name: str, router_args: list[str], port: int) -> str:
     import openai
 
-    cmd = [sys.executable, "-m", "offgraph_kv", "serve-cluster", args.model]
-    cmd += ["--replicas", str(args.replicas), "--threads", str(args.threads), "--port", str(port)]
-    cmd += ["--serve-arg=--n-cells", f"--serve-arg={args.n_cells}"]
-    cmd += [f"--router-arg={a}" for a in router_args]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            while True:
-                log.seek(0)
-                out = log.read()
-                if "serve-cluster: http" in out:
-                    break
-                if proc.poll() is not None:
-                    raise RuntimeError(out)
-                time.sleep(0.5)
-            line = next(x for x in out.splitlines() if x.startswith("serve-cluster:"))
-            _, *replicas = [int(p) for p in re.findall(r"//127\.0\.0\.1:(\d+)", line)]
-            client = openai.OpenAI(
-                base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600
-            )
+    flags = ["--replicas", str(args.replicas), "--threads", str(args.threads)]
+    flags += ["--serve-arg=--n-cells", f"--serve-arg={args.n_cells}"]
+    flags += [f"--router-arg={a}" for a in router_args]
+    with cluster(args.model, port, flags) as replicas:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600
+        )
 
-            def session(s: int) -> None:
-                messages = [{"role": "system", "content": SYSTEM}]
-                for t in range(args.turns):
-                    ask = f"Customer {s}, question {t}: what about order {s * 13 + t}?"
-                    messages.append({"role": "user", "content": ask})
-                    r = client.chat.completions.create(
-                        model=args.model, messages=messages, max_tokens=12, temperature=0
-                    )
-                    messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        def session(s: int) -> None:
+            messages = [{"role": "system", "content": SYSTEM}]
+            for t in range(args.turns):
+                ask = f"Customer {s}, question {t}: what about order {s * 13 + t}?"
+                messages.append({"role": "user", "content": ask})
+                r = client.chat.completions.create(
+                    model=args.model, messages=messages, max_tokens=12, temperature=0
+                )
+                messages.append({"role": "assistant", "content": r.choices[0].message.content})
 
-            t0 = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-                list(pool.map(session, range(args.sessions)))
-            wall = time.perf_counter() - t0
-            ms = [metrics(p) for p in replicas]
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(120)
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+            list(pool.map(session, range(args.sessions)))
+        wall = time.perf_counter() - t0
+        ms = [metrics(p) for p in replicas]
     prompt = sum(m["offgraph_kv_prompt_tokens_total"] for m in ms)
     cached = sum(m["offgraph_kv_cached_tokens_total"] for m in ms)
     split = ":".join(str(int(m["requests"])) for m in ms)

@@ -323,6 +323,16 @@ fn run(a: &Args) -> Result<()> {
     );
     if let Some(sp) = &spec {
         print_spec_stats(&sp.stats());
+        let cost: Vec<String> = sp
+            .step_cost()
+            .ratios()
+            .iter()
+            .map(|(n, r)| format!("{n}: {r:.2}x"))
+            .collect();
+        eprintln!(
+            "speculation: a forward by its tokens over a one-token one, as measured: {}",
+            cost.join(", ")
+        );
     }
     Ok(())
 }

@@ -13,8 +13,10 @@
 //! Greedy output is unchanged: the engine's logits for a row are the same
 //! bits whether the row is scored alone or in a step with others (see
 //! `docs/guarantees.md`), and greedy acceptance keeps exactly the tokens
-//! plain decode would pick. Draft lengths adapt to acceptance ([`adapt`]),
-//! and a step's width is shared out so a full batch drafts little.
+//! plain decode would pick. A draft's length is the one with the most
+//! expected tokens per second, from the sequence's acceptance and the
+//! measured cost of a forward by its token count ([`adapt`]), within the
+//! step's width, so a full batch drafts little.
 
 pub mod adapt;
 pub mod draft_model;
@@ -22,7 +24,7 @@ pub mod ngram;
 pub mod sample;
 pub mod verify;
 
-pub use adapt::DraftLen;
+pub use adapt::{Acceptance, StepCost};
 pub use draft_model::{check_same_vocab, DraftModel, Proposal};
 pub use ngram::Ngram;
 pub use sample::{Rng, Sampling};
@@ -78,7 +80,8 @@ impl SpecStats {
 pub struct Stream {
     seq: SeqId,
     tokens: Vec<u32>,
-    len: DraftLen,
+    acc: Acceptance,
+    last_draft: usize,
     rng: Rng,
     remaining: Option<usize>,
     stats: SpecStats,
@@ -98,9 +101,14 @@ impl Stream {
         self.stats
     }
 
-    /// The current draft length.
+    /// Tokens drafted for it in its last step.
     pub fn draft_len(&self) -> usize {
-        self.len.get()
+        self.last_draft
+    }
+
+    /// Its estimated chance that a draft token is accepted.
+    pub fn acceptance(&self) -> f64 {
+        self.acc.p()
     }
 
     /// Tokens still wanted (`None`: no bound): drafts never run past it.
@@ -114,9 +122,9 @@ impl Stream {
 pub struct Speculator {
     source: Source,
     sampling: Sampling,
-    k_min: usize,
     k_max: usize,
     step_tokens: Option<usize>,
+    cost: StepCost,
     stats: SpecStats,
     rng: Rng,
 }
@@ -141,9 +149,9 @@ impl Speculator {
         Ok(Speculator {
             source,
             sampling,
-            k_min: 1,
             k_max,
             step_tokens: None,
+            cost: StepCost::measured(),
             stats: SpecStats::default(),
             rng: Rng::new(0x5EED),
         })
@@ -153,6 +161,17 @@ impl Speculator {
     /// below the cache's `max_step`: a full batch then drafts less. At least 1.
     pub fn set_step_tokens(&mut self, n: usize) {
         self.step_tokens = Some(n.max(1));
+    }
+
+    /// Prices forwards by `cost` instead of timing them (for example
+    /// [`StepCost::fixed`] with what `okv-bench` measured).
+    pub fn set_step_cost(&mut self, cost: StepCost) {
+        self.cost = cost;
+    }
+
+    /// What a forward costs by its token count, as measured or fixed.
+    pub fn step_cost(&self) -> &StepCost {
+        &self.cost
     }
 
     /// Every step's counts, all sequences.
@@ -185,7 +204,8 @@ impl Speculator {
         Ok(Stream {
             seq,
             tokens,
-            len: DraftLen::new(self.k_min, self.k_max),
+            acc: Acceptance::default(),
+            last_draft: 0,
             rng: Rng::new(seed),
             remaining: None,
             stats: SpecStats::default(),
@@ -215,6 +235,12 @@ impl Speculator {
         self.check(cache, streams)?;
         let ks = self.share_out(cache, streams);
         let drafts = self.draft(streams, &ks)?;
+        for (s, d) in streams.iter_mut().zip(&drafts) {
+            s.last_draft = d.tokens.len();
+            if !d.tokens.is_empty() {
+                s.acc.idle = 0; // one that found no draft probes again next step
+            }
+        }
 
         let (mut toks, mut seqs, mut pos) = (Vec::new(), Vec::new(), Vec::new());
         for (s, d) in streams.iter().zip(&drafts) {
@@ -227,7 +253,9 @@ impl Speculator {
             }
         }
         let rows: Vec<usize> = (0..toks.len()).collect();
+        let t0 = std::time::Instant::now();
         let logits = model.forward(cache, &toks, &seqs, &pos, &rows)?;
+        self.cost.record(toks.len(), t0.elapsed().as_secs_f64());
 
         let vocab = model.config().vocab;
         let mut out = Vec::with_capacity(streams.len());
@@ -247,7 +275,7 @@ impl Speculator {
             let mut new: Vec<u32> = d.tokens.get(..v.accepted).unwrap_or_default().to_vec();
             new.push(v.next);
             s.tokens.extend_from_slice(&new);
-            s.len.record(k, v.accepted);
+            s.acc.record(k, v.accepted);
             s.remaining = s.remaining.map(|r| r.saturating_sub(new.len()));
             let st = SpecStats {
                 steps: 1,
@@ -293,38 +321,40 @@ impl Speculator {
         Ok(())
     }
 
-    /// Each stream's draft length this step: what it asks for (its adaptive
-    /// length, short of its remaining tokens), within the step's width and
-    /// the free cells, dealt one token at a time round the streams.
-    fn share_out(&self, cache: &KvCellCache, streams: &[Stream]) -> Vec<usize> {
+    /// Each stream's draft length this step: the best by its acceptance and
+    /// the step cost ([`adapt::choose`]; every [`adapt::PROBE_EVERY`] idle
+    /// steps at least one), short of its remaining tokens, within the step's
+    /// width and the free cells, streams in order.
+    fn share_out(&self, cache: &KvCellCache, streams: &mut [Stream]) -> Vec<usize> {
         let width = cache
             .config()
             .max_step
             .min(self.step_tokens.unwrap_or(usize::MAX));
         let free = cache.cells().free_cells();
         let mut budget = width.min(free).saturating_sub(streams.len());
-        let want: Vec<usize> = streams
-            .iter()
+        let mut in_step = streams.len();
+        streams
+            .iter_mut()
             .map(|s| {
-                let k = s.len.get();
-                s.remaining.map_or(k, |r| k.min(r.saturating_sub(1)))
-            })
-            .collect();
-        let mut ks = vec![0usize; streams.len()];
-        while budget > 0 {
-            let mut gave = false;
-            for (k, w) in ks.iter_mut().zip(&want) {
-                if budget > 0 && *k < *w {
-                    *k += 1;
-                    budget -= 1;
-                    gave = true;
+                let room = s.remaining.map_or(usize::MAX, |r| r.saturating_sub(1));
+                let cap = self.k_max.min(room).min(budget);
+                if cap == 0 {
+                    return 0;
                 }
-            }
-            if !gave {
-                break;
-            }
-        }
-        ks
+                let p = s.acc.p();
+                let mut k = adapt::choose(&self.cost, in_step, cap, p);
+                if k == 0 {
+                    s.acc.idle += 1;
+                    if s.acc.idle < adapt::PROBE_EVERY {
+                        return 0;
+                    }
+                    k = adapt::best_positive(&self.cost, in_step, cap, p);
+                }
+                budget -= k;
+                in_step += k;
+                k
+            })
+            .collect()
     }
 
     fn draft(&mut self, streams: &[Stream], ks: &[usize]) -> Result<Vec<Proposal>> {
