@@ -59,6 +59,7 @@ def run(args, policy: str, redis_port: int | None, port: int) -> dict:
     flags += ["--policy", policy, "--serve-arg=--n-cells", f"--serve-arg={args.n_cells}"]
     if redis_port is not None:
         flags += ["--store", f"redis://127.0.0.1:{redis_port}"]
+    flags += [f"--router-arg={a}" for a in args.router_arg]
     ttft: list[float] = []
     with cluster(args.model, port, flags) as replicas:
         client = openai.OpenAI(
@@ -111,7 +112,16 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--port", type=int, default=18400)
+    p.add_argument(
+        "--configs",
+        default=",".join(str(i) for i in range(len(CONFIGS))),
+        help="which rows, by index (0: round robin, 1: cache-aware, 2, 3: each + Redis)",
+    )
+    p.add_argument("--router-arg", action="append", default=[], help="one more SMG flag")
     args = p.parse_args()
+    configs = [CONFIGS[int(i)] for i in args.configs.split(",")]
+    if configs[0][0] != "round robin":
+        raise SystemExit("--configs: start with 0 (the rows compare to round robin)")
     redis_port = free_port()
     redis = subprocess.Popen(
         ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", ""],
@@ -120,7 +130,7 @@ def main() -> None:
     try:
         time.sleep(0.5)
         rows = {}
-        for name, policy, shared in CONFIGS:
+        for name, policy, shared in configs:
             if shared:
                 subprocess.run(["redis-cli", "-p", str(redis_port), "flushall"], check=True)
             rows[name] = run(args, policy, redis_port if shared else None, args.port)
@@ -131,7 +141,8 @@ def main() -> None:
     rr = rows["round robin"]
     print(
         f"{args.replicas} replicas x {args.threads} thread(s), --n-cells {args.n_cells}; "
-        f"{args.sessions} sessions x {args.turns} turns, {args.concurrency} at a time"
+        f"{args.sessions} sessions x {args.turns} turns, {args.concurrency} at a time; "
+        f"router flags {args.router_arg or 'the launcher defaults'}"
     )
     print(
         "| routing | requests per replica | prompt tokens | cached | recomputed "
