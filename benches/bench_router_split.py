@@ -14,14 +14,12 @@ the prompt tokens recomputed and the wall time (the last only as a hint on a sha
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_load import cluster, metrics  # noqa: E402 (the benches directory is not a package)
+from cluster_load import run_sessions, totals  # noqa: E402 (the benches directory is not a package)
 
 SMG_GATE = ["--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5"]
 CONFIGS = {
@@ -35,34 +33,22 @@ SYSTEM = " ".join(
 
 
 def run(args: argparse.Namespace, name: str, router_args: list[str], port: int) -> str:
-    import openai
-
     flags = ["--replicas", str(args.replicas), "--threads", str(args.threads)]
     flags += ["--serve-arg=--n-cells", f"--serve-arg={args.n_cells}"]
     flags += [f"--router-arg={a}" for a in router_args]
-    with cluster(args.model, port, flags) as replicas:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600
-        )
 
-        def session(s: int) -> None:
-            messages = [{"role": "system", "content": SYSTEM}]
-            for t in range(args.turns):
-                ask = f"Customer {s}, question {t}: what about order {s * 13 + t}?"
-                messages.append({"role": "user", "content": ask})
-                r = client.chat.completions.create(
-                    model=args.model, messages=messages, max_tokens=12, temperature=0
-                )
-                messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    def session(client, s: int) -> None:
+        messages = [{"role": "system", "content": SYSTEM}]
+        for t in range(args.turns):
+            ask = f"Customer {s}, question {t}: what about order {s * 13 + t}?"
+            messages.append({"role": "user", "content": ask})
+            r = client.chat.completions.create(
+                model=args.model, messages=messages, max_tokens=12, temperature=0
+            )
+            messages.append({"role": "assistant", "content": r.choices[0].message.content})
 
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-            list(pool.map(session, range(args.sessions)))
-        wall = time.perf_counter() - t0
-        ms = [metrics(p) for p in replicas]
-    prompt = sum(m["offgraph_kv_prompt_tokens_total"] for m in ms)
-    cached = sum(m["offgraph_kv_cached_tokens_total"] for m in ms)
-    split = ":".join(str(int(m["requests"])) for m in ms)
+    wall, ms = run_sessions(args.model, port, flags, args.sessions, args.concurrency, session)
+    split, prompt, cached = totals(ms)
     return (
         f"| {name} | {split} | {int(prompt)} | {100 * cached / prompt:.1f}% "
         f"| {int(prompt - cached)} | {wall:.1f} |"

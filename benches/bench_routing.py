@@ -18,7 +18,6 @@ free loopback port, started and stopped here, emptied between configurations.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import random
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_load import cluster, metrics  # noqa: E402 (the benches directory is not a package)
+from cluster_load import run_sessions, totals  # noqa: E402 (the benches directory is not a package)
 from serve_load import free_port, pct  # noqa: E402
 
 SYSTEM = " ".join(
@@ -53,46 +52,35 @@ def tool_output(session: int, turn: int) -> str:
 
 
 def run(args, policy: str, redis_port: int | None, port: int) -> dict:
-    import openai
-
     flags = ["--replicas", str(args.replicas), "--threads", str(args.threads)]
     flags += ["--policy", policy, "--serve-arg=--n-cells", f"--serve-arg={args.n_cells}"]
     if redis_port is not None:
         flags += ["--store", f"redis://127.0.0.1:{redis_port}"]
     flags += [f"--router-arg={a}" for a in args.router_arg]
     ttft: list[float] = []
-    with cluster(args.model, port, flags) as replicas:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600
-        )
 
-        def session(s: int) -> None:
-            messages = [{"role": "system", "content": SYSTEM}]
-            for t in range(args.turns):
-                ask = f"Session {s}, step {t}: the tool printed\n{tool_output(s, t)}\nWhat failed?"
-                messages.append({"role": "user", "content": ask})
-                t0 = time.perf_counter()
-                first, parts = None, []
-                stream = client.chat.completions.create(
-                    model=args.model, messages=messages, max_tokens=12, temperature=0, stream=True
-                )
-                for c in stream:
-                    if c.choices and c.choices[0].delta.content:
-                        if first is None:
-                            first = time.perf_counter() - t0
-                        parts.append(c.choices[0].delta.content)
-                ttft.append(first if first is not None else time.perf_counter() - t0)
-                messages.append({"role": "assistant", "content": "".join(parts)})
+    def session(client, s: int) -> None:
+        messages = [{"role": "system", "content": SYSTEM}]
+        for t in range(args.turns):
+            ask = f"Session {s}, step {t}: the tool printed\n{tool_output(s, t)}\nWhat failed?"
+            messages.append({"role": "user", "content": ask})
+            t0 = time.perf_counter()
+            first, parts = None, []
+            stream = client.chat.completions.create(
+                model=args.model, messages=messages, max_tokens=12, temperature=0, stream=True
+            )
+            for c in stream:
+                if c.choices and c.choices[0].delta.content:
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    parts.append(c.choices[0].delta.content)
+            ttft.append(first if first is not None else time.perf_counter() - t0)
+            messages.append({"role": "assistant", "content": "".join(parts)})
 
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-            list(pool.map(session, range(args.sessions)))
-        wall = time.perf_counter() - t0
-        ms = [metrics(p) for p in replicas]
-    prompt = sum(m["offgraph_kv_prompt_tokens_total"] for m in ms)
-    cached = sum(m["offgraph_kv_cached_tokens_total"] for m in ms)
+    wall, ms = run_sessions(args.model, port, flags, args.sessions, args.concurrency, session)
+    split, prompt, cached = totals(ms)
     return {
-        "split": ":".join(str(int(m["requests"])) for m in ms),
+        "split": split,
         "prompt": prompt,
         "cached": cached / prompt,
         "recomputed": prompt - cached,

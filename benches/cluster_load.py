@@ -3,6 +3,7 @@ from its banner, their ``/metrics`` counters summed, stopped with SIGTERM."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import re
 import signal
@@ -49,3 +50,29 @@ def cluster(model: str, port: int, flags: list[str]) -> Iterator[list[int]]:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
+
+
+def run_sessions(
+    model: str, port: int, flags: list[str], sessions: int, concurrency: int, session
+) -> tuple[float, list[dict[str, float]]]:
+    """A cluster (:func:`cluster`) answering ``session(client, s)`` for every session ``s``,
+    ``concurrency`` at a time, through the router with the official ``openai`` client; the wall
+    time and each replica's :func:`metrics` after."""
+    import openai
+
+    with cluster(model, port, flags) as replicas:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600
+        )
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(lambda s: session(client, s), range(sessions)))
+        wall = time.perf_counter() - t0
+        return wall, [metrics(p) for p in replicas]
+
+
+def totals(ms: list[dict[str, float]]) -> tuple[str, float, float]:
+    """Requests per replica (``a:b``), prompt tokens and cached prompt tokens, summed."""
+    split = ":".join(str(int(m["requests"])) for m in ms)
+    prompt = sum(m["offgraph_kv_prompt_tokens_total"] for m in ms)
+    return split, prompt, sum(m["offgraph_kv_cached_tokens_total"] for m in ms)

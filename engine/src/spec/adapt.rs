@@ -143,36 +143,39 @@ fn rate(cost: &StepCost, n_before: usize, k: usize, p: f64) -> Option<f64> {
     Some((n_before as f64 - 1.0 + expected_tokens(p, k)) / t)
 }
 
+/// The length in `ks` with the most tokens per second (the shortest of
+/// equal ones; a length without an estimate counts as 0), `None` for none.
+fn best(
+    cost: &StepCost,
+    n_before: usize,
+    ks: std::ops::RangeInclusive<usize>,
+    p: f64,
+) -> Option<usize> {
+    let mut out: Option<(usize, f64)> = None;
+    for k in ks {
+        let v = rate(cost, n_before, k, p).unwrap_or(0.0);
+        if out.is_none_or(|(_, b)| v > b) {
+            out = Some((k, v));
+        }
+    }
+    out.map(|(k, _)| k)
+}
+
 /// The draft length (`0..=k_max`) with the most tokens per second for a
 /// sequence whose pending token is the `n_before`-th of the step; 0 while
 /// no forward of at most `n_before` tokens was measured (the step then
-/// measures one).
+/// measures one, and every longer step has an estimate).
 pub fn choose(cost: &StepCost, n_before: usize, k_max: usize, p: f64) -> usize {
-    let Some(mut best) = rate(cost, n_before, 0, p) else {
+    if cost.seconds(n_before).is_none() {
         return 0;
-    };
-    let mut best_k = 0;
-    for k in 1..=k_max {
-        if let Some(v) = rate(cost, n_before, k, p) {
-            if v > best {
-                (best_k, best) = (k, v);
-            }
-        }
     }
-    best_k
+    best(cost, n_before, 0..=k_max, p).unwrap_or(0)
 }
 
 /// The best length of at least one draft (a probe when [`choose`] says
 /// none pays); 0 only for `k_max` 0.
 pub fn best_positive(cost: &StepCost, n_before: usize, k_max: usize, p: f64) -> usize {
-    let mut best = (k_max.min(1), f64::MIN);
-    for k in 1..=k_max {
-        let v = rate(cost, n_before, k, p).unwrap_or(0.0);
-        if v > best.1 {
-            best = (k, v);
-        }
-    }
-    best.0
+    best(cost, n_before, 1..=k_max, p).unwrap_or(0)
 }
 
 #[cfg(test)]

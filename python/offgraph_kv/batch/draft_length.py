@@ -101,30 +101,24 @@ def expected_tokens(p: float, k: int) -> float:
     return float(k + 1) if p >= 1.0 else (1.0 - p ** (k + 1)) / (1.0 - p)
 
 
+def _rate(cost: StepCost, n_before: int, k: int, p: float) -> float | None:
+    """Tokens per second of a step of ``n_before + k`` tokens whose request drafts ``k`` (each
+    other token counting as one)."""
+    t = cost.seconds(n_before + k)
+    return None if t is None else (n_before - 1 + expected_tokens(p, k)) / t
+
+
 def choose(cost: StepCost, n_before: int, k_max: int, p: float) -> int:
     """The draft length (``0..k_max``) with the most tokens per second for a request whose
     pending token is the ``n_before``-th token of the step (the step's other tokens each count
-    as one). Zero while no forward of at most ``n_before`` tokens was measured: the step then
-    measures one."""
-    t0 = cost.seconds(n_before)
-    if t0 is None:
+    as one); the shortest of equal ones. Zero while no forward of at most ``n_before`` tokens
+    was measured: the step then measures one (and every longer step has an estimate)."""
+    if cost.seconds(n_before) is None:
         return 0
-    best_k, best = 0, n_before / t0
-    for k in range(1, k_max + 1):
-        t = cost.seconds(n_before + k)
-        assert t is not None  # a count at or below it is known
-        v = (n_before - 1 + expected_tokens(p, k)) / t
-        if v > best:
-            best_k, best = k, v
-    return best_k
+    return max(range(k_max + 1), key=lambda k: _rate(cost, n_before, k, p) or 0.0)
 
 
 def best_positive(cost: StepCost, n_before: int, k_max: int, p: float) -> int:
-    """The best length of at least one draft (a probe when :func:`choose` says none pays)."""
-    best_k, best = 1, -1.0
-    for k in range(1, k_max + 1):
-        t = cost.seconds(n_before + k) or 1.0
-        v = (n_before - 1 + expected_tokens(p, k)) / t
-        if v > best:
-            best_k, best = k, v
-    return best_k
+    """The best length of at least one draft (a probe when :func:`choose` says none pays);
+    ``k_max >= 1``."""
+    return max(range(1, k_max + 1), key=lambda k: _rate(cost, n_before, k, p) or 0.0)

@@ -226,8 +226,9 @@ class BatchGenerator:
         }
         self.speculation: Speculation | None = spec
         self._drafter: Any = None if spec is None else self._make_drafter(spec, kv_dtype)
-        # What a forward costs by its token count, for the draft lengths (measured unless fixed).
-        self.step_cost = StepCost(None if spec is None else spec.step_cost)
+        # What a forward costs by its token count, for the draft lengths (measured unless
+        # fixed); None when the generator does not speculate (nothing to time).
+        self.step_cost = None if spec is None else StepCost(spec.step_cost)
 
     def _make_drafter(self, spec: Speculation, kv_dtype: str | None) -> Any:
         if spec.source == "ngram":
@@ -489,7 +490,8 @@ class BatchGenerator:
         try:
             t0 = time.perf_counter()
             logits = self._forward(tokens, positions, rows)
-            self.step_cost.record(len(tokens), time.perf_counter() - t0)
+            if self.step_cost is not None:
+                self.step_cost.record(len(tokens), time.perf_counter() - t0)
         except BaseException:
             self.masks.rows()  # the masks of a step that did not happen
             with self._lock:
@@ -508,8 +510,8 @@ class BatchGenerator:
         """The drafted tokens of the step's decoding requests that speculate: while the step
         holds at most ``step_tokens`` tokens, each request's best length by its acceptance and
         the measured step cost (:mod:`.draft_length`), never past its ``max_new_tokens``."""
-        spec = self.speculation
-        if spec is None:
+        spec, cost = self.speculation, self.step_cost
+        if spec is None or cost is None:
             return {}
         n_tokens = sum(n for _, n in plan)
         budget = min(spec.step_tokens, self.max_batch_tokens, self.kc.free_cells) - n_tokens
@@ -529,12 +531,12 @@ class BatchGenerator:
                 req.acceptance = Acceptance()
             acc = req.acceptance
             cap = min(spec.max_draft, room, budget)
-            k = choose(self.step_cost, in_step, cap, acc.p)
+            k = choose(cost, in_step, cap, acc.p)
             if k == 0:
                 acc.idle += 1
                 if acc.idle < PROBE_EVERY:
                     continue
-                k = best_positive(self.step_cost, in_step, cap, acc.p)
+                k = best_positive(cost, in_step, cap, acc.p)
             wants.append((req, k))
             budget -= k
             in_step += k
@@ -652,9 +654,7 @@ class BatchGenerator:
         self._counts["spec_drafted_tokens"] += len(draft)
         self._counts["spec_accepted_tokens"] += accepted
         self._counts["generated_tokens"] += len(taken)
-        assert self.speculation is not None
-        if req.acceptance is not None:
-            req.acceptance.record(len(draft), accepted)
+        req.acceptance.record(len(draft), accepted)  # set when its drafts were asked for
         req.tokens += taken
         out.extend((req.rid, t) for t in taken)
         if stop is not None:
