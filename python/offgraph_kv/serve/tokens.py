@@ -19,7 +19,7 @@ from typing import Any
 
 from .._errors import InvalidArgumentError
 from ..gguf_model import family_chat_defaults
-from .tool_prompt import template_chat
+from .tool_chat import template_chat
 from .tools import special_pieces, syntax_for
 
 __all__ = ["GgufTokens", "HfTokens", "render_chat", "tokens_for"]
@@ -83,7 +83,7 @@ def render_chat(
 
 class _ToolFace:
     """What both faces do for tools: the syntax their template teaches, the chat the template
-    gets (:func:`~.tool_prompt.template_chat`), and the syntax's markers as token ids."""
+    gets (:func:`~.tool_chat.template_chat`), and the syntax's markers as token ids."""
 
     template: str | None
 
