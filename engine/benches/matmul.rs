@@ -7,7 +7,7 @@
 //! `cargo bench -p offgraph-kv-engine --bench matmul -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use offgraph_kv_engine::quant::{matmul, QMatrix};
+use offgraph_kv_engine::quant::{matmul, pack, packed_len, QMatrix};
 use offgraph_kv_engine::GgmlType;
 use std::hint::black_box;
 
@@ -197,6 +197,37 @@ fn benches(c: &mut Criterion) {
             for threads in [1usize, 2] {
                 g.bench_function(BenchmarkId::new(format!("{name}/n{n}"), threads), |b| {
                     b.iter(|| matmul(&w, black_box(&x), n, &mut out, threads).unwrap())
+                });
+            }
+        }
+    }
+    g.finish();
+
+    // In place against packed at load, where the path packs the type: the
+    // few-token steps speculation verifies (1 + drafts), on one thread.
+    let mut g = c.benchmark_group("packed");
+    g.sample_size(10);
+    for (name, ty, rows, cols) in [
+        ("smollm2_up_q4_1_576to1536", GgmlType::Q4_1, 1536, 576),
+        ("smollm2_output_q8_0_49152x576", GgmlType::Q8_0, 49_152, 576),
+        ("gemma_gate_q5_0_640to2048", GgmlType::Q5_0, 2048, 640),
+    ] {
+        let data = weight(ty, rows, cols);
+        let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+        let Some(len) = packed_len(ty, rows, cols) else {
+            println!("{name}: not packed on this path");
+            continue;
+        };
+        let mut p = vec![0u8; len];
+        pack(&w, &mut p).unwrap();
+        let wp = w.with_packed(&p).unwrap();
+        for n in [1usize, 2, 3, 5, 9] {
+            let x = input(n, cols);
+            let mut out = vec![0f32; n * rows];
+            g.throughput(Throughput::Elements(n as u64));
+            for (form, m) in [("in_place", &w), ("packed", &wp)] {
+                g.bench_function(BenchmarkId::new(format!("{name}/{form}"), n), |b| {
+                    b.iter(|| matmul(m, black_box(&x), n, &mut out, 1).unwrap())
                 });
             }
         }

@@ -5,7 +5,7 @@
 //! after open and the vocabulary in flat buffers it is about 15 MiB (9 MiB of
 //! it live, the rest the allocator's retention of what open freed). The bound
 //! sits between. With the weights repacked at open (the default where the
-//! VNNI kernels run), the packed copy is anonymous too, and the file's pages
+//! AVX2 or VNNI kernels run), the packed copy is anonymous too, and the file's pages
 //! of each packed tensor are released: what stays resident in all is about
 //! the file's size. One test in this binary, so no other test allocates
 //! while it measures.
@@ -13,8 +13,8 @@
 mod common;
 
 use offgraph_kv_engine::model::OpenOptions;
-use offgraph_kv_engine::quant::{active_isa, QuantIsa};
-use offgraph_kv_engine::Model;
+use offgraph_kv_engine::quant::{packed_len, LANES};
+use offgraph_kv_engine::{GgmlType, Model};
 
 /// A line of `/proc/self/status` in KiB (Linux).
 fn status_kib(key: &str) -> u64 {
@@ -74,10 +74,12 @@ fn an_open_gemma3_holds_little_beyond_its_mapped_file() {
     let packed_kib = model.packed_bytes() as u64 / 1024;
     let anon = rss_anon_kib().saturating_sub(anon0);
     let file = status_kib("RssFile:").saturating_sub(file0);
-    if active_isa() != QuantIsa::Avx512Vnni {
-        // Only the VNNI kernels read packed weights: elsewhere a repacking
-        // open packs nothing and holds what the plain open does (plus the
-        // allocator's retention described above).
+    // Gemma 3's Q4_K_M file holds Q5_0 and Q8_0 matrices, which the AVX2
+    // and VNNI paths pack (the VNNI one its Q4_K and Q6_K too).
+    if packed_len(GgmlType::Q8_0, LANES, 256).is_none() {
+        // A path without packed kernels: a repacking open packs nothing and
+        // holds what the plain open does (plus the allocator's retention
+        // described above).
         assert_eq!(packed_kib, 0, "packed for kernels this CPU cannot run");
         assert!(
             anon < 48 * 1024,

@@ -13,7 +13,7 @@
 //! `driver::compute_avx2`, which is compiled with avx2, fma and f16c.
 
 use super::act::Act;
-use super::kernel::{row_by_row, Kernel};
+use super::kernel::{row_by_row, Kernel, LANES};
 use super::simd::{check, check_rows, dot_us, half_at, hsum};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
@@ -22,6 +22,17 @@ use std::arch::x86_64::*;
 pub(super) struct Avx2;
 
 impl Kernel for Avx2 {
+    #[inline(always)]
+    fn dots_packed<const T: usize>(
+        ty: GgmlType,
+        group: &[u8],
+        a: &[Act<'_>; T],
+        cols: usize,
+    ) -> Option<[[f32; LANES]; T]> {
+        // SAFETY: only reached from `driver::compute_avx2` (module docs).
+        unsafe { super::avx2_packed::dots::<T>(ty, group, a, cols) }
+    }
+
     #[inline(always)]
     fn dots<const T: usize>(ty: GgmlType, row: &[u8], a: &[Act<'_>; T]) -> Option<[f32; T]> {
         let cols = a.first()?.x.len();

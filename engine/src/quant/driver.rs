@@ -191,7 +191,7 @@ fn run_filled(
         for ((slot, w), o) in jobs.iter_mut().zip(wg).zip(og.iter_mut()) {
             let row_bytes = w.row_bytes_checked()?;
             let packed = match (w.packed, w.packed_checked()?) {
-                (Some(p), Some(gb)) if packs(path) => Some((p, gb)),
+                (Some(p), Some(gb)) if super::repack::runs_packed(path, w.ty) => Some((p, gb)),
                 _ => None,
             };
             *slot = Some(Job {
@@ -252,17 +252,6 @@ fn lanes_for(path: Path, ty: GgmlType) -> bool {
         return super::vnni_lanes::supports(ty);
     }
     let _ = (path, ty);
-    false
-}
-
-/// Whether `path` reads packed groups (the VNNI path: the packed kernels
-/// are its lanes kernels).
-fn packs(path: Path) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if path == Path::Vnni {
-        return true;
-    }
-    let _ = path;
     false
 }
 

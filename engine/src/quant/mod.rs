@@ -10,9 +10,9 @@
 //!   rows over the core's worker pool.
 //! - [`dequantize_row`]: one row widened to f32 (embedding lookups).
 //! - [`packed_len`] / [`pack`] / [`QMatrix::with_packed`]: a copy of a
-//!   weight's whole groups of 16 rows in the layout the VNNI lanes kernels
-//!   load contiguously (`repack`), made once at load; the matmuls then read
-//!   those groups from it.
+//!   weight's whole groups of 16 rows in the layout the lanes kernels load
+//!   contiguously (`repack`), made once at load; the matmuls then read
+//!   those groups from it (VNNI and AVX2 paths).
 //!
 //! Accuracy: the integer dots are exact for the quantized activations, so a
 //! result differs from the f64 product of the dequantized weights and `x`
@@ -33,6 +33,8 @@ mod avx2;
 mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod avx2_lowbit;
+#[cfg(target_arch = "x86_64")]
+mod avx2_packed;
 mod dequant;
 mod driver;
 mod isa;
@@ -214,14 +216,13 @@ pub fn matmul_many_with_isa(
 }
 
 /// Bytes of the packed copy of a `rows` x `cols` weight of `ty` ([`pack`]),
-/// when the active path runs `ty` by packed kernels (AVX-512 VNNI) and the
+/// when the active path runs `ty` by packed kernels (AVX-512 VNNI: the
+/// 32-value types, Q4_K and Q6_K; AVX2: the 32-value types) and the
 /// weight has at least one whole group of [`LANES`] rows; else `None`.
 pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
-    if isa::select(QuantIsa::Auto).ok()? == isa::Path::Vnni && rows >= LANES {
+    if repack::runs_packed(isa::select(QuantIsa::Auto).ok()?, ty) && rows >= LANES {
         return repack::group_bytes(ty, cols)?.checked_mul(rows / LANES);
     }
-    let _ = (ty, rows, cols);
     None
 }
 

@@ -7,12 +7,26 @@
 //! (`rows % LANES`) in place.
 //!
 //! Types: the 32-value block types here ([`q32`]), Q4_K and Q6_K in
-//! `lanes_k` when the tree has it. Packing is portable code; the kernels run
-//! only on the VNNI path (`driver`).
+//! `lanes_k`. Packing is portable code; the kernels run on the VNNI path
+//! (every packed type) and the AVX2 path (the 32-value types, `avx2_packed`):
+//! [`runs_packed`] says which.
 
 use super::act::Act;
+use super::isa::Path;
 use super::kernel::LANES;
 use crate::ggml_type::GgmlType;
+
+/// Whether `path` has packed kernels for `ty` (and so packs it at load and
+/// reads its packed groups).
+pub(super) fn runs_packed(path: Path, ty: GgmlType) -> bool {
+    match path {
+        Path::Portable => false,
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => q32::code(ty).is_some(),
+        #[cfg(target_arch = "x86_64")]
+        Path::Vnni => group_bytes(ty, 256).is_some(),
+    }
+}
 
 /// Bytes of one packed group of `LANES` rows of `ty` with `cols` values;
 /// `None` when `ty` has no packed kernel or `cols` does not fit it.
