@@ -211,6 +211,8 @@ fn benches(c: &mut Criterion) {
         ("smollm2_up_q4_1_576to1536", GgmlType::Q4_1, 1536, 576),
         ("smollm2_output_q8_0_49152x576", GgmlType::Q8_0, 49_152, 576),
         ("gemma_gate_q5_0_640to2048", GgmlType::Q5_0, 2048, 640),
+        ("gemma_attn_out_q4_k_1024to640", GgmlType::Q4_K, 640, 1024),
+        ("gemma_down_q6_k_2048to640", GgmlType::Q6_K, 640, 2048),
     ] {
         let data = weight(ty, rows, cols);
         let w = QMatrix::new(ty, rows, cols, &data).unwrap();

@@ -1,10 +1,10 @@
 //! Weights packed at load: on the AVX-512 VNNI path a packed weight's
 //! outputs are bit-identical to the same weight read in place (the 32-value
-//! types), on the AVX2 path (its own packed kernels) equal to them up to f32
-//! summation order, for every token count and thread count with rows left
+//! types), elsewhere (Q4_K and Q6_K, and the AVX2 path's packed kernels)
+//! equal to them up to f32 summation order, for every token count and thread count with rows left
 //! over; a token's outputs do not depend on the batch it runs in (every
-//! packed type); a path without packed kernels for a type ignores the packed
-//! copy; bad packed buffers are refused; a model packed at open on several
+//! packed type); the portable path, which has no packed kernels, ignores the
+//! packed copy; bad packed buffers are refused; a model packed at open on several
 //! threads holds the same bytes as on one.
 
 mod common;
@@ -75,23 +75,21 @@ fn packs_q32() -> bool {
 }
 
 #[test]
-fn packed_q32_types_match_the_rows_in_place() {
+fn packed_types_match_the_rows_in_place() {
     if !packs_q32() {
         // No packed kernels on this path: nothing is packed.
         assert!(Q32.iter().all(|&ty| packed_len(ty, 64, 256).is_none()));
         return;
     }
-    // Three groups and five rows left over; 8 blocks a row.
-    let (rows, cols, n) = (3 * LANES + 5, 256, 20);
-    let x = input(n, cols, 7);
-    for (i, ty) in Q32.into_iter().enumerate() {
+    // Three groups and five rows left over; 8 blocks (2 super-blocks) a row.
+    let (rows, n) = (3 * LANES + 5, 20);
+    let k_types = [GgmlType::Q4_K, GgmlType::Q6_K];
+    for (i, ty) in Q32.into_iter().chain(k_types).enumerate() {
+        let cols = if k_types.contains(&ty) { 512 } else { 256 };
+        let x = input(n, cols, 7);
         let data = weight(ty, rows, cols, 100 + i as u64);
         let w = QMatrix::new(ty, rows, cols, &data).unwrap();
         let p = packed_of(&w);
-        assert_eq!(
-            p.len(),
-            3 * LANES * ty.row_bytes(cols as u64).unwrap() as usize
-        );
         let wp = w.with_packed(&p).unwrap();
         for t in 1..=n {
             for threads in [1, 2] {
@@ -99,13 +97,13 @@ fn packed_q32_types_match_the_rows_in_place() {
                 let mut b = vec![f32::NAN; t * rows];
                 matmul(&w, &x, t, &mut a, threads).unwrap();
                 matmul(&wp, &x, t, &mut b, threads).unwrap();
-                if vnni() {
+                if vnni() && Q32.contains(&ty) {
                     // The same arithmetic from another layout.
                     assert_eq!(bits(&a), bits(&b), "{ty:?} T={t} threads={threads}");
                     continue;
                 }
-                // The AVX2 kernels: the same integer dots, the blocks'
-                // scaled sums added in another order.
+                // Other kernels: the same integer dots, the blocks' scaled
+                // sums added in another order.
                 let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (j, (u, v)) in a.iter().zip(&b).enumerate() {
                     assert!(
@@ -157,14 +155,8 @@ fn a_tokens_packed_outputs_do_not_depend_on_its_batch() {
 }
 
 #[test]
-fn a_path_without_packed_kernels_for_the_type_reads_the_rows_in_place() {
-    // The portable path has none; the AVX2 path has none for Q4_K (checked
-    // where the VNNI path packs it).
-    let mut cases = vec![(QuantIsa::Portable, GgmlType::Q8_0, 64)];
-    if vnni() {
-        cases.push((QuantIsa::Avx2, GgmlType::Q4_K, 256));
-    }
-    for (isa, ty, cols) in cases {
+fn a_path_without_packed_kernels_reads_the_rows_in_place() {
+    for (ty, cols) in [(GgmlType::Q8_0, 64), (GgmlType::Q4_K, 256)] {
         let (rows, n) = (LANES + 1, 5);
         if packed_len(ty, rows, cols).is_none() {
             continue;
@@ -172,14 +164,14 @@ fn a_path_without_packed_kernels_for_the_type_reads_the_rows_in_place() {
         let x = input(n, cols, 3);
         let data = weight(ty, rows, cols, 5);
         let w = QMatrix::new(ty, rows, cols, &data).unwrap();
-        // A packed copy of other weights: this path must not read it.
+        // A packed copy of other weights: the portable path must not read it.
         let other = weight(ty, rows, cols, 6);
         let p = packed_of(&QMatrix::new(ty, rows, cols, &other).unwrap());
         let wp = w.with_packed(&p).unwrap();
         let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-        matmul_with_isa(isa, &w, &x, n, &mut a, 1).unwrap();
-        matmul_with_isa(isa, &wp, &x, n, &mut b, 1).unwrap();
-        assert_eq!(bits(&a), bits(&b), "{isa:?} {ty:?}");
+        matmul_with_isa(QuantIsa::Portable, &w, &x, n, &mut a, 1).unwrap();
+        matmul_with_isa(QuantIsa::Portable, &wp, &x, n, &mut b, 1).unwrap();
+        assert_eq!(bits(&a), bits(&b), "{ty:?}");
     }
 }
 

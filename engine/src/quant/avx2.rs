@@ -30,7 +30,14 @@ impl Kernel for Avx2 {
         cols: usize,
     ) -> Option<[[f32; LANES]; T]> {
         // SAFETY: only reached from `driver::compute_avx2` (module docs).
-        unsafe { super::avx2_packed::dots::<T>(ty, group, a, cols) }
+        unsafe {
+            match ty {
+                GgmlType::Q4_K | GgmlType::Q6_K => {
+                    super::avx2_packed_k::dots::<T>(ty, group, a, cols)
+                }
+                _ => super::avx2_packed::dots::<T>(ty, group, a, cols),
+            }
+        }
     }
 
     #[inline(always)]

@@ -249,20 +249,15 @@ unsafe fn nibble_dot<const K: u8>(
 ) -> __m256i {
     // SAFETY: the caller's 32 activation bytes at `y`.
     unsafe {
-        let pair = |g: usize| {
-            _mm256_maddubs_epi16(
-                *w.get_unchecked(g),
-                _mm256_set1_epi32(y.add(g).read_unaligned()),
-            )
-        };
-        let lo = _mm256_add_epi16(
-            _mm256_add_epi16(pair(0), pair(1)),
-            _mm256_add_epi16(pair(2), pair(3)),
-        );
-        let hi = _mm256_add_epi16(
-            _mm256_add_epi16(pair(4), pair(5)),
-            _mm256_add_epi16(pair(6), pair(7)),
-        );
+        // Plain loops, no closure: one that failed to inline would run the
+        // intrinsics without the caller's target features.
+        let mut p = [_mm256_setzero_si256(); 8];
+        for (g, pg) in p.iter_mut().enumerate() {
+            let yg = _mm256_set1_epi32(y.add(g).read_unaligned());
+            *pg = _mm256_maddubs_epi16(*w.get_unchecked(g), yg);
+        }
+        let lo = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+        let hi = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
         let dot = if K == 2 {
             _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones))
         } else {

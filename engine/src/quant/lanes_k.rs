@@ -46,19 +46,19 @@ use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
 /// Packed bytes of one Q4_K super-block of the group's rows.
-const Q4K_SB: usize = 2368;
+pub(super) const Q4K_SB: usize = 2368;
 /// Where a Q4_K record's parts start.
-const Q4K_DMIN: usize = 32;
-const Q4K_SC: usize = 64;
-const Q4K_MN: usize = 192;
-const Q4K_QS: usize = 320;
+pub(super) const Q4K_DMIN: usize = 32;
+pub(super) const Q4K_SC: usize = 64;
+pub(super) const Q4K_MN: usize = 192;
+pub(super) const Q4K_QS: usize = 320;
 /// Packed bytes of one Q6_K super-block of the group's rows.
-const Q6K_SB: usize = 3392;
+pub(super) const Q6K_SB: usize = 3392;
 /// Where a Q6_K record's scale pairs and quants start.
-const Q6K_SC: usize = 64;
-const Q6K_QS: usize = 320;
+pub(super) const Q6K_SC: usize = 64;
+pub(super) const Q6K_QS: usize = 320;
 /// A Q6_K sub-block's quants: two low-nibble registers and one of high bits.
-const Q6K_SUB: usize = 192;
+pub(super) const Q6K_SUB: usize = 192;
 
 /// Packed bytes of one super-block of the group's rows.
 fn record_bytes(ty: GgmlType) -> Option<usize> {

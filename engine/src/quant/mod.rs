@@ -35,6 +35,8 @@ mod avx2_k;
 mod avx2_lowbit;
 #[cfg(target_arch = "x86_64")]
 mod avx2_packed;
+#[cfg(target_arch = "x86_64")]
+mod avx2_packed_k;
 mod dequant;
 mod driver;
 mod isa;
@@ -216,8 +218,8 @@ pub fn matmul_many_with_isa(
 }
 
 /// Bytes of the packed copy of a `rows` x `cols` weight of `ty` ([`pack`]),
-/// when the active path runs `ty` by packed kernels (AVX-512 VNNI: the
-/// 32-value types, Q4_K and Q6_K; AVX2: the 32-value types) and the
+/// when the active path runs `ty` by packed kernels (AVX-512 VNNI and AVX2:
+/// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K) and the
 /// weight has at least one whole group of [`LANES`] rows; else `None`.
 pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
     if repack::runs_packed(isa::select(QuantIsa::Auto).ok()?, ty) && rows >= LANES {

@@ -8,8 +8,8 @@
 //!
 //! Types: the 32-value block types here ([`q32`]), Q4_K and Q6_K in
 //! `lanes_k`. Packing is portable code; the kernels run on the VNNI path
-//! (every packed type) and the AVX2 path (the 32-value types, `avx2_packed`):
-//! [`runs_packed`] says which.
+//! (`vnni_lanes`, `lanes_k`) and the AVX2 path (`avx2_packed`,
+//! `avx2_packed_k`): [`runs_packed`] says which.
 
 use super::act::Act;
 use super::isa::Path;
@@ -22,7 +22,7 @@ pub(super) fn runs_packed(path: Path, ty: GgmlType) -> bool {
     match path {
         Path::Portable => false,
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => q32::code(ty).is_some(),
+        Path::Avx2 => group_bytes(ty, 256).is_some(),
         #[cfg(target_arch = "x86_64")]
         Path::Vnni => group_bytes(ty, 256).is_some(),
     }
