@@ -87,54 +87,64 @@ unsafe fn chunks<const T: usize, const K: u8>(
 ) {
     // SAFETY (whole fn): the caller's group and tokens (`dots`).
     unsafe {
-        for h in 0..2 {
-            let mut t = 0;
-            while t < T {
-                let n = (T - t).min(CHUNK);
-                match n {
-                    1 => pass::<1, K>(base, a, blocks, h, t, out),
-                    2 => pass::<2, K>(base, a, blocks, h, t, out),
-                    3 => pass::<3, K>(base, a, blocks, h, t, out),
-                    _ => pass::<CHUNK, K>(base, a, blocks, h, t, out),
-                }
-                t += n;
+        let mut t = 0;
+        while t < T {
+            let n = (T - t).min(CHUNK);
+            match n {
+                1 => pass::<1, K>(base, a, blocks, t, out),
+                2 => pass::<2, K>(base, a, blocks, t, out),
+                3 => pass::<3, K>(base, a, blocks, t, out),
+                _ => pass::<CHUNK, K>(base, a, blocks, t, out),
             }
+            t += n;
         }
     }
 }
 
-/// Half `h` against the `C` tokens from `t`, into `out`.
+/// The `C` tokens from `t` into `out`, block by block, both halves of a
+/// record one after the other: each line is used whole while in L1 (a pass
+/// per half over the group has twice the lines in flight from DRAM).
 #[inline(always)]
 unsafe fn pass<const C: usize, const K: u8>(
     base: *const u8,
     a: &[Act<'_>],
     blocks: usize,
-    h: usize,
     t: usize,
     out: &mut [[f32; LANES]],
 ) {
     let Some(chunk) = a.get(t..t + C).and_then(|c| <&[Act; C]>::try_from(c).ok()) else {
         return;
     };
-    // SAFETY: the caller's group and tokens (`dots`).
-    let acc = unsafe { half::<C, K>(base, chunk, blocks, h) };
-    for (o, acc_t) in out.iter_mut().skip(t).zip(&acc) {
-        if let Some(o) = o.get_mut(h * HALF..(h + 1) * HALF) {
-            // SAFETY: eight floats of `o`.
-            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *acc_t) };
+    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    for b in 0..blocks {
+        for (h, acc_h) in acc.iter_mut().enumerate() {
+            // SAFETY: the caller's group and tokens (`dots`).
+            unsafe { block_half::<C, K>(base, chunk, blocks, b, h, t == 0, acc_h) };
+        }
+    }
+    for (h, acc_h) in acc.iter().enumerate() {
+        for (o, acc_t) in out.iter_mut().skip(t).zip(acc_h) {
+            if let Some(o) = o.get_mut(h * HALF..(h + 1) * HALF) {
+                // SAFETY: eight floats of `o`.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *acc_t) };
+            }
         }
     }
 }
 
-/// Rows `8h..8h + 8` of the group against every token; `K` 0 Q4_0, 1 Q4_1,
-/// 2 Q5_0, 4 Q8_0.
+/// Block `b`'s rows `8h..8h + 8` against the tokens, into `acc`; `K` 0
+/// Q4_0, 1 Q4_1, 2 Q5_0, 4 Q8_0. `fetch`: the first pass over the group,
+/// which prefetches ahead.
 #[inline(always)]
-unsafe fn half<const T: usize, const K: u8>(
+unsafe fn block_half<const T: usize, const K: u8>(
     base: *const u8,
     a: &[Act<'_>; T],
     blocks: usize,
+    b: usize,
     h: usize,
-) -> [__m256; T] {
+    fetch: bool,
+    acc: &mut [__m256; T],
+) {
     let (qb, hb, sb) = (q32::quant_bytes(K), q32::high_bytes(K), q32::scale_bytes(K));
     let off = q32_offset(K);
     // SAFETY (whole fn): `dots` checked the group's length, which holds
@@ -144,46 +154,44 @@ unsafe fn half<const T: usize, const K: u8>(
         let highs = base.add(blocks * qb);
         let scales = highs.add(blocks * hb);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); T];
-        for b in 0..blocks {
-            let q = base.add(b * qb + 32 * h);
-            if h == 0 {
-                let mut l = 0;
-                while l < qb {
-                    // Past the group's end this reads the next group (or
-                    // nothing: a prefetch never faults).
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(AHEAD + l).cast());
-                    l += 64;
-                }
-            }
-            let s = scales.add(b * sb);
-            let (dw, mw) = if K == 1 {
-                let head = _mm256_loadu_si256(s.add(32 * h).cast());
-                let (d, m) = halves(head);
-                (_mm256_cvtph_ps(d), _mm256_cvtph_ps(m))
-            } else {
-                let d = _mm_loadu_si128(s.add(16 * h).cast());
-                (_mm256_cvtph_ps(d), _mm256_setzero_ps())
-            };
-            let w = weights::<K>(q, highs.add(b * hb + 32 * h));
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let at = a.get_unchecked(t);
-                let y = at.qs.as_ptr().add(b * 32).cast::<i32>();
-                let dot = if K == 4 {
-                    q8_dot(&w, y)
-                } else {
-                    nibble_dot::<K>(&w, y, ones, off * i32::from(*at.bs.get_unchecked(b)))
-                };
-                let sc = _mm256_mul_ps(dw, _mm256_set1_ps(*at.d.get_unchecked(b)));
-                *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, *acc_t);
-                if K == 1 {
-                    *acc_t = _mm256_fmadd_ps(mw, _mm256_set1_ps(*at.s.get_unchecked(b)), *acc_t);
-                }
+        let q = base.add(b * qb + 32 * h);
+        if PREFETCH && fetch && h == 0 {
+            let mut l = 0;
+            while l < qb {
+                // Past the group's end this reads the next group (or
+                // nothing: a prefetch never faults).
+                _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(AHEAD + l).cast());
+                l += 64;
             }
         }
-        acc
+        let s = scales.add(b * sb);
+        let (dw, mw) = if K == 1 {
+            let head = _mm256_loadu_si256(s.add(32 * h).cast());
+            let (d, m) = halves(head);
+            (_mm256_cvtph_ps(d), _mm256_cvtph_ps(m))
+        } else {
+            let d = _mm_loadu_si128(s.add(16 * h).cast());
+            (_mm256_cvtph_ps(d), _mm256_setzero_ps())
+        };
+        let w = weights::<K>(q, highs.add(b * hb + 32 * h));
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let at = a.get_unchecked(t);
+            let y = at.qs.as_ptr().add(b * 32).cast::<i32>();
+            let dot = if K == 4 {
+                q8_dot(&w, y)
+            } else {
+                nibble_dot::<K>(&w, y, ones, off * i32::from(*at.bs.get_unchecked(b)))
+            };
+            let sc = _mm256_mul_ps(dw, _mm256_set1_ps(*at.d.get_unchecked(b)));
+            *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, *acc_t);
+            if K == 1 {
+                *acc_t = _mm256_fmadd_ps(mw, _mm256_set1_ps(*at.s.get_unchecked(b)), *acc_t);
+            }
+        }
     }
 }
+
+const PREFETCH: bool = true;
 
 /// Eight `d | m << 16` dwords as their eight `d` and eight `m` f16s.
 #[inline(always)]
