@@ -152,16 +152,19 @@ def test_gguf_model_generate_speculating(smollm2_engine):
     )
 
 
-def _drafted_lengths(engine, spec, n_new=N_NEW):
+def _drafted_lengths(engine, spec, n_new=N_NEW, found=None):
     """Greedy tokens of one speculating request, the lengths it asked the drafter for, and
-    the generator."""
+    the generator; ``found`` (a list) takes the length of each draft the drafter returned."""
     gen = BatchGenerator(engine, n_cells=1024, max_batch_tokens=64, speculative=spec)
     asked: list[tuple[int, int]] = []  # (length, the request's room for drafts)
     draft = gen._drafter.draft
 
     def spy(wants):
         asked.extend((k, r.max_new_tokens - len(r.generated) - 1) for r, k in wants)
-        return draft(wants)
+        got = draft(wants)
+        if found is not None:
+            found.extend(len(d) for d in got)
+        return got
 
     gen._drafter.draft = spy
     p = _prompts(engine)[1]
@@ -178,11 +181,16 @@ def test_draft_lengths_follow_the_step_cost(smollm2_engine):
     assert out == plain
     assert asked and all(k in (3, 7) or k == room < 3 for k, room in asked), asked
     assert gen.stats["spec_accepted_tokens"] > 0
-    # Any draft costing 10x a one-token step: only the probes draft, one in PROBE_EVERY steps.
+    # Any draft costing 10x a one-token step: only the probes draft, one in PROBE_EVERY steps
+    # (a probe the drafter finds nothing for asks again the next step).
     costly = {t: 10.0 for t in range(2, 13)}
-    out, asked, gen = _drafted_lengths(smollm2_engine, Speculation("ngram", step_cost=costly))
+    found: list[int] = []
+    spec = Speculation("ngram", step_cost=costly)
+    out, asked, gen = _drafted_lengths(smollm2_engine, spec, found=found)
     assert out == plain
-    assert 0 < len(asked) <= gen.stats["steps"] // PROBE_EVERY + 1
+    assert asked and len(found) == len(asked)
+    drafted = sum(1 for n in found if n)
+    assert drafted <= gen.stats["steps"] // PROBE_EVERY + 1, (asked, found)
     # Measured on this machine: whatever it picks, greedy output is unchanged.
     out, _, gen = _drafted_lengths(smollm2_engine, "ngram")
     assert out == plain
