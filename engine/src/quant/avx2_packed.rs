@@ -45,31 +45,20 @@ pub(super) unsafe fn dots<const T: usize>(
     a: &[Act<'_>; T],
     cols: usize,
 ) -> Option<[[f32; LANES]; T]> {
-    if q32::group_bytes(ty, cols)? != group.len() {
-        return None;
-    }
-    let blocks = cols / 32;
-    let ok = a.iter().all(|a| {
-        a.qs.len() >= cols && a.d.len() >= blocks && a.s.len() >= blocks && a.bs.len() >= blocks
-    });
-    if !ok {
-        return None;
-    }
+    let blocks = q32::fits(ty, group, a, cols)?;
     let base = group.as_ptr();
-    let mut out = [[0f32; LANES]; T];
     // SAFETY: `group` is exactly one packed group of `blocks` blocks of `ty`
     // (checked), each token holds `cols` quants and `blocks` scales and
     // sums; the caller's CPU features.
     unsafe {
-        match ty {
-            GgmlType::Q4_0 => chunks::<T, 0>(base, a, blocks, &mut out),
-            GgmlType::Q4_1 => chunks::<T, 1>(base, a, blocks, &mut out),
-            GgmlType::Q5_0 => chunks::<T, 2>(base, a, blocks, &mut out),
-            GgmlType::Q8_0 => chunks::<T, 4>(base, a, blocks, &mut out),
+        Some(match ty {
+            GgmlType::Q4_0 => run(&Q32::<0> { base, blocks }, a, blocks),
+            GgmlType::Q4_1 => run(&Q32::<1> { base, blocks }, a, blocks),
+            GgmlType::Q5_0 => run(&Q32::<2> { base, blocks }, a, blocks),
+            GgmlType::Q8_0 => run(&Q32::<4> { base, blocks }, a, blocks),
             _ => return None,
-        }
+        })
     }
-    Some(out)
 }
 
 /// Tokens a pass over a half record takes: their accumulators and the
@@ -77,38 +66,64 @@ pub(super) unsafe fn dots<const T: usize>(
 /// a pass unpacks the half again, from L1).
 const CHUNK: usize = 4;
 
-/// Both halves against the tokens in passes of at most [`CHUNK`].
-#[inline(always)]
-unsafe fn chunks<const T: usize, const K: u8>(
-    base: *const u8,
-    a: &[Act<'_>; T],
-    blocks: usize,
-    out: &mut [[f32; LANES]; T],
-) {
-    // SAFETY (whole fn): the caller's group and tokens (`dots`).
-    unsafe {
-        let mut t = 0;
-        while t < T {
-            let n = (T - t).min(CHUNK);
-            match n {
-                1 => pass::<1, K>(base, a, blocks, t, out),
-                2 => pass::<2, K>(base, a, blocks, t, out),
-                3 => pass::<3, K>(base, a, blocks, t, out),
-                _ => pass::<CHUNK, K>(base, a, blocks, t, out),
-            }
-            t += n;
-        }
-    }
+/// One unit of a packed group (a block, or a K type's super-block) for rows
+/// `8h..8h + 8` against `C` tokens, added into their accumulators: what a
+/// packed kernel of this path does between [`run`]'s loops.
+pub(super) trait HalfStep {
+    /// `first`: the first pass over the group (tokens `0..C`), the one that
+    /// streams it from memory.
+    ///
+    /// # Safety
+    /// `unit` and the tokens' views are inside what the kernel's `dots`
+    /// checked; the CPU has avx2, fma and f16c.
+    unsafe fn step<const C: usize>(
+        &self,
+        a: &[Act<'_>; C],
+        unit: usize,
+        h: usize,
+        first: bool,
+        acc: &mut [__m256; C],
+    );
 }
 
-/// The `C` tokens from `t` into `out`, block by block, both halves of a
-/// record one after the other: each line is used whole while in L1 (a pass
-/// per half over the group has twice the lines in flight from DRAM).
+/// The group's `units` against `T` tokens: `out[t][r]`. The tokens in
+/// passes of at most [`CHUNK`]; each pass goes unit by unit, both halves of
+/// a record one after the other, so each line is used whole while in L1 (a
+/// pass per half over the group has twice the lines in flight from DRAM:
+/// it decoded a 1.7B Q8_0 at half the rate, and Q4_K_M slower than in place).
+///
+/// # Safety
+/// As [`HalfStep::step`] for every unit below `units`.
 #[inline(always)]
-unsafe fn pass<const C: usize, const K: u8>(
-    base: *const u8,
+pub(super) unsafe fn run<const T: usize, S: HalfStep>(
+    s: &S,
+    a: &[Act<'_>; T],
+    units: usize,
+) -> [[f32; LANES]; T] {
+    let mut out = [[0f32; LANES]; T];
+    let mut t = 0;
+    while t < T {
+        let n = (T - t).min(CHUNK);
+        // SAFETY: the caller's units and tokens.
+        unsafe {
+            match n {
+                1 => pass::<1, S>(s, a, units, t, &mut out),
+                2 => pass::<2, S>(s, a, units, t, &mut out),
+                3 => pass::<3, S>(s, a, units, t, &mut out),
+                _ => pass::<CHUNK, S>(s, a, units, t, &mut out),
+            }
+        }
+        t += n;
+    }
+    out
+}
+
+/// The `C` tokens from `t` into `out` (see [`run`]).
+#[inline(always)]
+unsafe fn pass<const C: usize, S: HalfStep>(
+    s: &S,
     a: &[Act<'_>],
-    blocks: usize,
+    units: usize,
     t: usize,
     out: &mut [[f32; LANES]],
 ) {
@@ -116,10 +131,10 @@ unsafe fn pass<const C: usize, const K: u8>(
         return;
     };
     let mut acc = [[_mm256_setzero_ps(); C]; 2];
-    for b in 0..blocks {
+    for u in 0..units {
         for (h, acc_h) in acc.iter_mut().enumerate() {
-            // SAFETY: the caller's group and tokens (`dots`).
-            unsafe { block_half::<C, K>(base, chunk, blocks, b, h, t == 0, acc_h) };
+            // SAFETY: the caller's units and tokens.
+            unsafe { s.step::<C>(chunk, u, h, t == 0, acc_h) };
         }
     }
     for (h, acc_h) in acc.iter().enumerate() {
@@ -129,6 +144,28 @@ unsafe fn pass<const C: usize, const K: u8>(
                 unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *acc_t) };
             }
         }
+    }
+}
+
+/// A 32-value type's packed group (`K` 0 Q4_0, 1 Q4_1, 2 Q5_0, 4 Q8_0):
+/// its base and blocks a row.
+struct Q32<const K: u8> {
+    base: *const u8,
+    blocks: usize,
+}
+
+impl<const K: u8> HalfStep for Q32<K> {
+    #[inline(always)]
+    unsafe fn step<const C: usize>(
+        &self,
+        a: &[Act<'_>; C],
+        b: usize,
+        h: usize,
+        first: bool,
+        acc: &mut [__m256; C],
+    ) {
+        // SAFETY: the caller's block and tokens.
+        unsafe { block_half::<C, K>(self.base, a, self.blocks, b, h, first, acc) }
     }
 }
 
@@ -155,7 +192,7 @@ unsafe fn block_half<const T: usize, const K: u8>(
         let scales = highs.add(blocks * hb);
         let ones = _mm256_set1_epi16(1);
         let q = base.add(b * qb + 32 * h);
-        if PREFETCH && fetch && h == 0 {
+        if fetch && h == 0 {
             let mut l = 0;
             while l < qb {
                 // Past the group's end this reads the next group (or
@@ -190,8 +227,6 @@ unsafe fn block_half<const T: usize, const K: u8>(
         }
     }
 }
-
-const PREFETCH: bool = true;
 
 /// Eight `d | m << 16` dwords as their eight `d` and eight `m` f16s.
 #[inline(always)]

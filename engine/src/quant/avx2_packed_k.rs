@@ -20,6 +20,7 @@
 //! `avx2::Avx2::dots_packed`.
 
 use super::act::Act;
+use super::avx2_packed::{run, HalfStep};
 use super::kernel::LANES;
 use super::lanes_k::{Q4K_DMIN, Q4K_MN, Q4K_QS, Q4K_SB, Q4K_SC, Q6K_QS, Q6K_SB, Q6K_SC, Q6K_SUB};
 use crate::ggml_type::GgmlType;
@@ -27,9 +28,6 @@ use std::arch::x86_64::*;
 
 /// Rows of a half record.
 const HALF: usize = LANES / 2;
-
-/// Tokens a pass over a half record takes (measured against 2 and 3).
-const CHUNK: usize = 4;
 
 /// A packed Q4_K or Q6_K group of `cols` values a row against `T` tokens'
 /// Q8_K activations: `out[t][r]`; `None` when a length does not fit.
@@ -43,87 +41,39 @@ pub(super) unsafe fn dots<const T: usize>(
     a: &[Act<'_>; T],
     cols: usize,
 ) -> Option<[[f32; LANES]; T]> {
-    if super::lanes_k::group_bytes(ty, cols)? != group.len() {
-        return None;
-    }
-    let sbs = cols / 256;
-    let ok = a
-        .iter()
-        .all(|a| a.qs.len() >= cols && a.d.len() >= sbs && a.bs.len() >= cols / 16);
-    if !ok {
-        return None;
-    }
-    let mut out = [[0f32; LANES]; T];
+    let sbs = super::lanes_k::fits(ty, group, a, cols)?;
+    let g = group.as_ptr();
     // SAFETY: the group holds `sbs` records of `ty` and every token `cols`
     // quants, `sbs` scales and `cols / 16` sums (checked); the caller's CPU.
     unsafe {
-        match ty {
-            GgmlType::Q4_K => chunks::<T, 4>(group.as_ptr(), a, sbs, &mut out),
-            GgmlType::Q6_K => chunks::<T, 6>(group.as_ptr(), a, sbs, &mut out),
+        Some(match ty {
+            GgmlType::Q4_K => run(&KQuant::<4>(g), a, sbs),
+            GgmlType::Q6_K => run(&KQuant::<6>(g), a, sbs),
             _ => return None,
-        }
-    }
-    Some(out)
-}
-
-/// The tokens in passes of at most [`CHUNK`], each over both halves.
-#[inline(always)]
-unsafe fn chunks<const T: usize, const K: u8>(
-    g: *const u8,
-    a: &[Act<'_>; T],
-    sbs: usize,
-    out: &mut [[f32; LANES]; T],
-) {
-    // SAFETY (whole fn): the caller's group and tokens (`dots`).
-    unsafe {
-        let mut t = 0;
-        while t < T {
-            let n = (T - t).min(CHUNK);
-            match n {
-                1 => pass::<1, K>(g, a, sbs, t, out),
-                2 => pass::<2, K>(g, a, sbs, t, out),
-                3 => pass::<3, K>(g, a, sbs, t, out),
-                _ => pass::<CHUNK, K>(g, a, sbs, t, out),
-            }
-            t += n;
-        }
+        })
     }
 }
 
-/// The `C` tokens from `t` into `out`, super-block by super-block, both
-/// halves of a record one after the other: each line of the record is used
-/// whole while in L1 (a pass per half over the group made a 1.7B Q4_K_M
-/// decode slower packed than in place: twice the lines in flight).
-#[inline(always)]
-unsafe fn pass<const C: usize, const K: u8>(
-    g: *const u8,
-    a: &[Act<'_>],
-    sbs: usize,
-    t: usize,
-    out: &mut [[f32; LANES]],
-) {
-    let Some(chunk) = a.get(t..t + C).and_then(|c| <&[Act; C]>::try_from(c).ok()) else {
-        return;
-    };
-    let mut acc = [[_mm256_setzero_ps(); C]; 2];
-    for b in 0..sbs {
-        for (h, acc_h) in acc.iter_mut().enumerate() {
-            // SAFETY: the caller's records and views (`dots`).
-            unsafe {
-                let fetch = t == 0 && h == 0;
-                if K == 4 {
-                    q4k_sb::<C>(g.add(b * Q4K_SB), chunk, b, h, fetch, acc_h);
-                } else {
-                    q6k_sb::<C>(g.add(b * Q6K_SB), chunk, b, h, fetch, acc_h);
-                }
-            }
-        }
-    }
-    for (h, acc_h) in acc.iter().enumerate() {
-        for (o, acc_t) in out.iter_mut().skip(t).zip(acc_h) {
-            if let Some(o) = o.get_mut(h * HALF..(h + 1) * HALF) {
-                // SAFETY: eight floats of `o`.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *acc_t) };
+/// A packed Q4_K (`K` 4) or Q6_K (6) group: its base.
+struct KQuant<const K: u8>(*const u8);
+
+impl<const K: u8> HalfStep for KQuant<K> {
+    #[inline(always)]
+    unsafe fn step<const C: usize>(
+        &self,
+        a: &[Act<'_>; C],
+        b: usize,
+        h: usize,
+        first: bool,
+        acc: &mut [__m256; C],
+    ) {
+        let fetch = first && h == 0;
+        // SAFETY: the caller's super-block and tokens.
+        unsafe {
+            if K == 4 {
+                q4k_sb::<C>(self.0.add(b * Q4K_SB), a, b, h, fetch, acc);
+            } else {
+                q6k_sb::<C>(self.0.add(b * Q6K_SB), a, b, h, fetch, acc);
             }
         }
     }

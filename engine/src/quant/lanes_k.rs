@@ -145,6 +145,20 @@ fn pack_q6k(blk: &[u8], r: usize, rec: &mut [u8]) -> Option<()> {
     Some(())
 }
 
+/// The check every packed Q4_K/Q6_K kernel relies on: `group` is exactly one
+/// group of `ty` with `cols` values a row and each token holds `cols`
+/// quants, a scale per super-block and a sum per 16 values; the super-blocks
+/// of a row when it passes.
+pub(super) fn fits(ty: GgmlType, group: &[u8], a: &[Act<'_>], cols: usize) -> Option<usize> {
+    if group_bytes(ty, cols)? != group.len() {
+        return None;
+    }
+    let sbs = cols / 256;
+    a.iter()
+        .all(|a| a.qs.len() >= cols && a.d.len() >= sbs && a.bs.len() >= cols / 16)
+        .then_some(sbs)
+}
+
 /// [`LANES`] packed rows (`group`, one [`group_bytes`] record set) against
 /// `T` tokens' Q8_K activations: `out[t][r]`; `None` when a length does not
 /// fit `ty` and `cols`. A token's result does not depend on `T` or on the
@@ -159,16 +173,7 @@ pub(super) unsafe fn dots<const T: usize>(
     a: &[Act<'_>; T],
     cols: usize,
 ) -> Option<[[f32; LANES]; T]> {
-    if group_bytes(ty, cols)? != group.len() {
-        return None;
-    }
-    let sbs = cols / 256;
-    let ok = a
-        .iter()
-        .all(|a| a.qs.len() >= cols && a.d.len() >= sbs && a.bs.len() >= cols / 16);
-    if !ok {
-        return None;
-    }
+    let sbs = fits(ty, group, a, cols)?;
     // SAFETY: the group holds `sbs` records of `ty` and every token `cols`
     // quants, `sbs` scales and `cols / 16` sums (checked); the caller's CPU.
     unsafe {

@@ -98,7 +98,7 @@ pub(super) unsafe fn dots<const T: usize>(
 /// - scales: the 16 rows' f16 `d` (32 bytes); Q4_1 the 16 rows' `d | m << 16`
 ///   dwords (64 bytes).
 pub(super) mod q32 {
-    use super::LANES;
+    use super::{Act, LANES};
     use crate::ggml_type::GgmlType;
 
     /// The kernels' code of a 32-value type (`simd::q32_block_bytes`).
@@ -137,6 +137,25 @@ pub(super) mod q32 {
         } else {
             2 * LANES
         }
+    }
+
+    /// The check every packed kernel of these types relies on: `group` is
+    /// exactly one group of `ty` with `cols` values a row and each token holds
+    /// `cols` quants and a scale, a sum and an integer sum per block; the
+    /// blocks of a row when it passes.
+    pub(crate) fn fits(ty: GgmlType, group: &[u8], a: &[Act<'_>], cols: usize) -> Option<usize> {
+        if group_bytes(ty, cols)? != group.len() {
+            return None;
+        }
+        let blocks = cols / 32;
+        a.iter()
+            .all(|a| {
+                a.qs.len() >= cols
+                    && a.d.len() >= blocks
+                    && a.s.len() >= blocks
+                    && a.bs.len() >= blocks
+            })
+            .then_some(blocks)
     }
 
     pub(crate) fn group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {

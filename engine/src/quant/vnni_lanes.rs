@@ -365,16 +365,7 @@ pub(super) unsafe fn packed_dots<const T: usize>(
     a: &[Act<'_>; T],
     cols: usize,
 ) -> Option<[[f32; LANES]; T]> {
-    if super::repack::q32::group_bytes(ty, cols)? != group.len() {
-        return None;
-    }
-    let blocks = cols / 32;
-    let ok = a.iter().all(|a| {
-        a.qs.len() >= cols && a.d.len() >= blocks && a.s.len() >= blocks && a.bs.len() >= blocks
-    });
-    if !ok {
-        return None;
-    }
+    let blocks = super::repack::q32::fits(ty, group, a, cols)?;
     let base = group.as_ptr();
     // SAFETY: `group` is exactly one packed group of `blocks` blocks of `ty`
     // (checked), each token holds `cols` quants and `blocks` scales and
